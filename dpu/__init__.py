@@ -1,0 +1,9 @@
+"""dpu: a userspace packet dataplane (OVS-style flow caches, VXLAN tenant overlays).
+
+The public API is :class:`Dataplane`; errors are in :mod:`dpu.errors`.
+"""
+from .dataplane import Dataplane, Flow, Group, Output, Trace, Transaction  # noqa: F401
+from .errors import DpuError  # noqa: F401
+
+__all__ = ["Dataplane", "Flow", "Group", "Output", "Trace", "Transaction", "DpuError"]
+__version__ = "0.1.0"

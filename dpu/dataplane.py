@@ -1,0 +1,477 @@
+"""The Python control shim: :class:`Dataplane`.
+
+A thin layer over ``dpu._core``: it names things (ports by name, flows as
+ovs-ofctl text), batches packets into buffers for the native core, and turns
+results into small Python objects. Every change goes through one
+validate-then-commit call in the core (:meth:`Dataplane.transaction`), which
+the CLI and the topology compiler use too.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _core
+from .errors import DpuError, FlowParseError, UnknownPortError
+
+PacketLike = Union[bytes, bytearray, memoryview, Any]  # Any: a scapy packet
+
+DROP_REASONS: Dict[str, str] = dict(_core.drop_reasons()[1:])
+
+
+class Flow(str):
+    """One line of :meth:`Dataplane.dump_flows`: the ovs-ofctl text, with fields."""
+
+    table: int
+    priority: int
+    cookie: int
+    n_packets: int
+    n_bytes: int
+    duration: float
+    match: str
+    actions: str
+
+    def __new__(cls, table, priority, cookie, n_packets, n_bytes, duration, match, actions):
+        text = (
+            f"cookie={cookie:#x}, duration={duration:.3f}s, table={table}, "
+            f"n_packets={n_packets}, n_bytes={n_bytes}, "
+            + (f"{match} " if match else "")
+            + f"actions={actions}"
+        )
+        self = super().__new__(cls, text)
+        self.table, self.priority, self.cookie = table, priority, cookie
+        self.n_packets, self.n_bytes, self.duration = n_packets, n_bytes, duration
+        self.match, self.actions = match, actions
+        return self
+
+    @property
+    def spec(self) -> str:
+        """The flow as it would be added again (table, cookie, match, actions)."""
+        parts = [f"table={self.table}"]
+        if self.cookie:
+            parts.append(f"cookie={self.cookie:#x}")
+        if self.match:
+            parts.append(self.match)
+        return ",".join(parts) + f",actions={self.actions}"
+
+
+class Group(str):
+    """One line of :meth:`Dataplane.dump_groups`."""
+
+    group_id: int
+    n_packets: int
+    n_bytes: int
+
+    def __new__(cls, group_id, text, n_packets, n_bytes):
+        self = super().__new__(cls, f"{text} (n_packets={n_packets}, n_bytes={n_bytes})")
+        self.group_id, self.n_packets, self.n_bytes, self.text = group_id, n_packets, n_bytes, text
+        return self
+
+
+@dataclass
+class Output:
+    """A packet the dataplane sent: to ``port``, descended from input number ``index``."""
+
+    port: str
+    data: bytes
+    index: int
+    timestamp_ns: int = 0
+
+
+@dataclass
+class TracePass:
+    in_port: str
+    flow: str
+    events: List[dict]
+    final_flow: str
+    megaflow: str
+    datapath_actions: str
+    drop_reason: Optional[str]
+
+
+@dataclass
+class Trace:
+    """What :meth:`Dataplane.trace` found: one pass per lookup (a tunnel pop adds
+    one), the packets the datapath really emitted, and the drop reason if none."""
+
+    passes: List[TracePass]
+    outputs: List[Tuple[str, bytes]]
+    drop_reason: Optional[str]
+
+    def __str__(self) -> str:
+        from .trace_format import render_trace
+
+        return render_trace(self)
+
+
+class Transaction:
+    """Changes collected and committed atomically (all or nothing).
+
+    Use as ``with dp.transaction() as t: t.add_flow(...); t.del_flows(...)``.
+    Nothing is visible to packets until the block ends without an exception.
+    """
+
+    def __init__(self, dp: "Dataplane", create_ports: bool = False) -> None:
+        self._dp = dp
+        self.add_ports: List[dict] = []
+        self.del_ports: List[str] = []
+        self.ops: List[Tuple[str, str]] = []
+        self.tenants: Optional[List[Tuple[str, int]]] = None
+        self.create_ports = create_ports
+        self.result: Optional[dict] = None
+
+    # ports
+    def add_port(self, name: str, ofport: int = 0) -> None:
+        self.add_ports.append({"name": name, "ofport": ofport})
+
+    def add_tunnel_port(self, name: str, **cfg: Any) -> None:
+        self.add_ports.append(_tunnel_spec(name, **cfg))
+
+    def del_port(self, name: str) -> None:
+        self.del_ports.append(name)
+
+    # flows
+    def add_flow(self, flow: str) -> None:
+        self.ops.append(("add_flow", flow))
+
+    def add_flows(self, flows: Union[str, Iterable[str]]) -> None:
+        for f in _flow_lines(flows):
+            self.ops.append(("add_flow", f))
+
+    def mod_flows(self, flow: str, strict: bool = False) -> None:
+        self.ops.append(("mod_flows_strict" if strict else "mod_flows", flow))
+
+    def del_flows(self, match: str = "", strict: bool = False) -> None:
+        self.ops.append(("del_flows_strict" if strict else "del_flows", match))
+
+    # groups
+    def add_group(self, group: str) -> None:
+        self.ops.append(("add_group", group))
+
+    def mod_group(self, group: str) -> None:
+        self.ops.append(("mod_group", group))
+
+    def del_groups(self, group: str = "") -> None:
+        self.ops.append(("del_groups", group))
+
+    def set_tenants(self, tenants: Sequence[Tuple[str, int]]) -> None:
+        """Names the tenants: per-tenant counters follow the ``metadata`` value
+        a packet carries at the end of its pipeline walk."""
+        self.tenants = [(n, int(m)) for n, m in tenants]
+
+    def commit(self) -> dict:
+        self.result = self._dp._core.apply(self.add_ports, self.del_ports, self.ops, self.tenants, self.create_ports)
+        return self.result
+
+    def __enter__(self) -> "Transaction":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+
+
+def _tunnel_spec(
+    name: str,
+    *,
+    underlay: str,
+    local_ip: str,
+    local_mac: str,
+    nexthop_mac: str,
+    dst_port: int = 4789,
+    src_port_range: Tuple[int, int] = (49152, 65535),
+    ttl: int = 64,
+    mtu: int = 1500,
+    strict: bool = False,
+    ofport: int = 0,
+) -> dict:
+    return {
+        "name": name,
+        "ofport": ofport,
+        "tunnel": True,
+        "underlay": underlay,
+        "local_ip": str(local_ip),
+        "local_mac": local_mac,
+        "nexthop_mac": nexthop_mac,
+        "dst_port": int(dst_port),
+        "sport_min": int(src_port_range[0]),
+        "sport_max": int(src_port_range[1]),
+        "ttl": int(ttl),
+        "mtu": int(mtu),
+        "strict": bool(strict),
+    }
+
+
+def _flow_lines(flows: Union[str, Iterable[str]]) -> List[str]:
+    """Flow texts from a list, or from a multi-line string with # comments."""
+    if isinstance(flows, str):
+        flows = flows.splitlines()
+    out = []
+    for line in flows:
+        line = line.strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def read_flows_file(path: Union[str, os.PathLike]) -> List[Tuple[int, str]]:
+    """(line number, flow) for each flow in a file: one per line, # comments, blank lines."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for no, line in enumerate(f, 1):
+            line = line.strip()
+            if line and not line.startswith("#"):
+                out.append((no, line))
+    return out
+
+
+def _to_bytes(pkt: PacketLike) -> bytes:
+    if isinstance(pkt, (bytes, bytearray, memoryview)):
+        return bytes(pkt)
+    return bytes(pkt)  # scapy packets build themselves
+
+
+class Dataplane:
+    """A dataplane: ports, OpenFlow-style tables, groups, caches, counters.
+
+    >>> dp = Dataplane(ports=["vm1", "vm2"])
+    >>> dp.add_flow("in_port=vm1,actions=output:vm2")
+    >>> [o.port for o in dp.process(b"\\x00" * 60, in_port="vm1")]
+    ['vm2']
+    """
+
+    def __init__(self, ports: Iterable[str] = (), flows: Union[None, str, Iterable[str]] = None) -> None:
+        self._core = _core.Dataplane()
+        self.topology = None
+        names = list(ports)
+        if names or flows:
+            with self.transaction() as t:
+                for n in names:
+                    t.add_port(n)
+                if flows:
+                    t.add_flows(flows)
+
+    # ---- construction from a topology --------------------------------------------
+    @classmethod
+    def from_topology(cls, topology: Any, flows: Union[None, str, Iterable[str]] = None) -> "Dataplane":
+        """A dataplane configured from a tenant topology (a YAML path, text, or dict)."""
+        dp = cls()
+        dp.load_topology(topology, flows=flows)
+        return dp
+
+    def load_topology(self, topology: Any, flows: Union[None, str, Iterable[str]] = None) -> dict:
+        """Loads or reloads a topology atomically; user flows (other cookies) stay."""
+        from .topology import apply_topology
+
+        return apply_topology(self, topology, extra_flows=flows)
+
+    reload_topology = load_topology
+
+    # ---- transactions ----------------------------------------------------------------
+    def transaction(self, create_ports: bool = False) -> Transaction:
+        """A set of changes committed atomically when the ``with`` block ends."""
+        return Transaction(self, create_ports=create_ports)
+
+    # ---- ports -------------------------------------------------------------------------
+    def add_port(self, name: str, ofport: int = 0) -> int:
+        with self.transaction() as t:
+            t.add_port(name, ofport)
+        return self.port_number(name)
+
+    def add_tunnel_port(self, name: str, **cfg: Any) -> int:
+        """A VXLAN port bound to ``underlay``; see :func:`_tunnel_spec` for options."""
+        with self.transaction() as t:
+            t.add_tunnel_port(name, **cfg)
+        return self.port_number(name)
+
+    def del_port(self, name: str) -> None:
+        with self.transaction() as t:
+            t.del_port(name)
+
+    @property
+    def ports(self) -> Dict[str, int]:
+        """Port name -> OpenFlow port number."""
+        return {p["name"]: p["ofport"] for p in self._core.ports()}
+
+    def port_info(self) -> List[dict]:
+        return list(self._core.ports())
+
+    def port_number(self, name: Union[str, int]) -> int:
+        if isinstance(name, int):
+            if not self._core.port_name(name):
+                raise UnknownPortError(f"unknown port {name}", token=str(name))
+            return name
+        n = self._core.port_number(name)
+        if not n:
+            raise UnknownPortError(f"unknown port '{name}'", token=name)
+        return n
+
+    def port_name(self, number: int) -> str:
+        return self._core.port_name(number) or str(number)
+
+    # ---- flows ---------------------------------------------------------------------------
+    def add_flow(self, flow: str) -> None:
+        """Adds one flow in ovs-ofctl syntax (replacing one with the same match and priority)."""
+        with self.transaction() as t:
+            t.add_flow(flow)
+
+    def add_flows(self, flows: Union[str, Iterable[str]], create_ports: bool = False) -> int:
+        """Adds flows atomically: all of them, or none (the error names the line)."""
+        lines = _flow_lines(flows)
+        with self.transaction(create_ports=create_ports) as t:
+            t.add_flows(lines)
+        return len(lines)
+
+    def load_flows(self, path: Union[str, os.PathLike], create_ports: bool = False) -> int:
+        """Adds the flows of a file (one per line, # comments), all or nothing.
+
+        Errors name the file's line, not the index among the flows."""
+        numbered = read_flows_file(path)
+        t = self.transaction(create_ports=create_ports)
+        for _, f in numbered:
+            t.add_flow(f)
+        try:
+            t.commit()
+        except DpuError as e:
+            if e.line is not None and 0 < e.line <= len(numbered):
+                e.line = numbered[e.line - 1][0]
+                e.file = str(path)
+                e.args = (_relocate(e, str(path)),)
+            raise
+        return len(numbered)
+
+    def mod_flows(self, flow: str, strict: bool = False) -> int:
+        with self.transaction() as t:
+            t.mod_flows(flow, strict)
+        return t.result["flows_modified"]
+
+    def del_flows(self, match: str = "", strict: bool = False) -> int:
+        """Deletes flows: non-strict (every flow the match covers) unless strict=True
+        (exactly this match and priority), as ovs-ofctl del-flows."""
+        with self.transaction() as t:
+            t.del_flows(match, strict)
+        return t.result["flows_deleted"]
+
+    def dump_flows(self, match: str = "", strict: bool = False) -> List[Flow]:
+        """The flows (optionally those a match selects), with their counters."""
+        return [Flow(*row) for row in self._core.dump_flows(match, strict)]
+
+    # ---- groups ----------------------------------------------------------------------------
+    def add_group(self, group: str) -> None:
+        """``group_id=N,type=select|all|indirect,bucket=weight:W,actions=...,bucket=...``"""
+        with self.transaction() as t:
+            t.add_group(group)
+
+    def mod_group(self, group: str) -> None:
+        with self.transaction() as t:
+            t.mod_group(group)
+
+    def del_groups(self, group: str = "") -> int:
+        """Deletes one group (``group_id=N``) or all; flows using them go too."""
+        with self.transaction() as t:
+            t.del_groups(group)
+        return t.result["groups_deleted"]
+
+    def dump_groups(self) -> List[Group]:
+        return [Group(*row) for row in self._core.dump_groups()]
+
+    # ---- packets ---------------------------------------------------------------------------
+    def process(
+        self,
+        packets: Union[PacketLike, Sequence[PacketLike], Sequence[Tuple[str, PacketLike]]],
+        in_port: Optional[str] = None,
+        timestamps: Optional[Sequence[int]] = None,
+    ) -> List[Output]:
+        """Runs packets through the pipeline and returns what came out, in order.
+
+        ``packets`` is one packet, a list of packets (all from ``in_port``), or a
+        list of ``(in_port, packet)`` pairs."""
+        if isinstance(packets, (bytes, bytearray, memoryview)) or not isinstance(packets, (list, tuple)):
+            packets = [packets]
+        datas: List[bytes] = []
+        ports: List[int] = []
+        cache: Dict[str, int] = {}
+        for item in packets:
+            if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], (str, int)):
+                port, pkt = item
+            else:
+                if in_port is None:
+                    raise UnknownPortError("process() needs in_port= or (in_port, packet) pairs")
+                port, pkt = in_port, item
+            if port not in cache:
+                cache[port] = self.port_number(port)
+            ports.append(cache[port])
+            datas.append(_to_bytes(pkt))
+        lens = np.fromiter((len(d) for d in datas), dtype=np.uint32, count=len(datas))
+        offsets = np.zeros(len(datas), dtype=np.uint64)
+        if len(datas) > 1:
+            offsets[1:] = np.cumsum(lens[:-1], dtype=np.uint64)
+        ts = None if timestamps is None else np.asarray(timestamps, dtype=np.uint64)
+        blob, o_port, o_index, o_off, o_len, o_ts = self._core.process(
+            b"".join(datas), offsets, lens, np.asarray(ports, dtype=np.uint32), ts
+        )
+        names: Dict[int, str] = {}
+        out = []
+        for p, i, off, ln, t in zip(o_port.tolist(), o_index.tolist(), o_off.tolist(), o_len.tolist(), o_ts.tolist()):
+            if p not in names:
+                names[p] = self.port_name(p)
+            out.append(Output(names[p], blob[off : off + ln], i, t))
+        return out
+
+    def trace(self, packet: PacketLike, in_port: Union[str, int]) -> Trace:
+        """Like ovs-appctl ofproto/trace: tables visited, rules, actions, megaflow,
+        datapath actions, and what the datapath then emitted. Counters are untouched."""
+        r = self._core.trace(_to_bytes(packet), self.port_number(in_port))
+        passes = [TracePass(**p) for p in r["passes"]]
+        return Trace(passes, list(r["outputs"]), r["drop_reason"])
+
+    def replay(
+        self,
+        inputs: Union[Dict[str, str], Sequence[Tuple[str, str]]],
+        out_dir: Union[str, os.PathLike],
+        progress: Any = None,
+        chunk: int = 1_000_000,
+    ) -> "ReplaySummary":
+        """Replays pcap/pcapng files (port -> file) and writes one pcap per port
+        into ``out_dir``; see :mod:`dpu.replay`."""
+        from .replay import replay
+
+        return replay(self, inputs, out_dir, progress=progress, chunk=chunk)
+
+    # ---- counters ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters: per port, per table, per tenant, cache levels (pmd-stats-show)."""
+        raw = self._core.stats()
+        names = {p["ofport"]: p["name"] for p in self._core.ports()}
+        ports = {names.get(n, str(n)): c for n, c in raw["ports"].items()}
+        tenant_names = [""] + [n for n, _ in self._core.tenants()]
+        tenants = {tenant_names[i]: c for i, c in enumerate(raw["tenants"]) if i and i < len(tenant_names)}
+        tables = []
+        for t, (lookups, matches, active) in enumerate(self._core.tables()):
+            if lookups or active:
+                tables.append(
+                    {"table": t, "active": active, "lookups": lookups, "matches": matches, "misses": lookups - matches}
+                )
+        return {"ports": ports, "tables": tables, "tenants": tenants, "pmd": raw["pmd"]}
+
+    def set_tenants(self, tenants: Sequence[Tuple[str, int]]) -> None:
+        with self.transaction() as t:
+            t.set_tenants(tenants)
+
+    def warp(self, seconds: float) -> None:
+        """Advances this dataplane's clock (tests: flow durations, later aging)."""
+        self._core.warp(int(seconds * 1e9))
+
+
+def _relocate(e: DpuError, path: str) -> str:
+    """Rewrites an error message so that it names the file and its line."""
+    msg = str(e)
+    if msg.startswith("line "):
+        msg = msg.split(": ", 1)[1] if ": " in msg else msg
+    return f"{path}: line {e.line}: {msg}"
+
+
+from .replay import ReplaySummary  # noqa: E402  (typing reference)

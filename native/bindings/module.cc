@@ -1,0 +1,446 @@
+// module.cc: dpu._core, the pybind11 binding of the native core.
+//
+// The seam is thin: objects map one-to-one onto the C++ classes, batches cross
+// as buffers (bytes + numpy offset/length/port arrays), never packet by packet,
+// and the GIL is released around everything that touches packets or tables.
+// C++ Status codes become dpu.errors exceptions here and only here
+// (raise_status).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <arpa/inet.h>
+
+#include "../src/dataplane.h"
+#include "../src/runner.h"
+#include "dpu/ofparse.h"
+
+namespace py = pybind11;
+using namespace dpu;
+
+namespace {
+
+[[noreturn]] void raise_status(const Status& s) {
+  const char* cls = "DpuError";
+  switch (s.code) {
+    case Err::PARSE: cls = "FlowParseError"; break;
+    case Err::UNKNOWN_PORT: cls = "UnknownPortError"; break;
+    case Err::UNKNOWN_TABLE: cls = "UnknownTableError"; break;
+    case Err::UNKNOWN_GROUP: cls = "UnknownGroupError"; break;
+    case Err::UNKNOWN_FIELD: cls = "UnknownFieldError"; break;
+    case Err::BAD_VALUE: cls = "BadValueError"; break;
+    case Err::CONFLICT: cls = "ConflictError"; break;
+    case Err::PCAP: cls = "PcapError"; break;
+    case Err::IO: cls = "DpuIOError"; break;
+    case Err::INVALID: cls = "InvalidArgumentError"; break;
+    case Err::OK: break;
+  }
+  py::gil_scoped_acquire gil;
+  py::object errors = py::module_::import("dpu.errors");
+  py::dict kw;
+  kw["token"] = s.token.empty() ? py::none() : py::cast(s.token);
+  kw["position"] = s.position >= 0 ? py::cast(s.position) : py::none();
+  kw["line"] = s.line >= 0 ? py::cast(s.line) : py::none();
+  kw["file"] = s.file.empty() ? py::none() : py::cast(s.file);
+  kw["record"] = s.record >= 0 ? py::cast(s.record) : py::none();
+  kw["reason"] = s.message;
+  py::object exc = errors.attr(cls)(s.describe(), **kw);
+  PyErr_SetObject(py::type::handle_of(exc).ptr(), exc.ptr());
+  throw py::error_already_set();
+}
+
+void check(const Status& s) {
+  if (!s.ok()) raise_status(s);
+}
+
+template <class T>
+const T* arr_ptr(const py::array_t<T, py::array::c_style | py::array::forcecast>& a, size_t n, const char* what) {
+  if (static_cast<size_t>(a.size()) != n) throw py::value_error(std::string(what) + " has the wrong length");
+  return a.data();
+}
+
+std::string mac_str(const uint8_t* m) {
+  char b[24];
+  std::snprintf(b, sizeof b, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
+  return b;
+}
+
+bool parse_mac(const std::string& s, uint8_t* out) {
+  unsigned v[6];
+  if (std::sscanf(s.c_str(), "%2x:%2x:%2x:%2x:%2x:%2x", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) != 6 ||
+      s.size() != 17)
+    return false;
+  for (int i = 0; i < 6; i++) out[i] = static_cast<uint8_t>(v[i]);
+  return true;
+}
+
+PortSpec port_spec(const py::dict& d) {
+  PortSpec ps;
+  ps.name = d["name"].cast<std::string>();
+  if (d.contains("ofport")) ps.ofport = d["ofport"].cast<uint32_t>();
+  if (!d.contains("tunnel") || !d["tunnel"].cast<bool>()) return ps;
+  ps.tunnel = true;
+  ps.underlay = d["underlay"].cast<std::string>();
+  TunnelCfg& c = ps.cfg;
+  std::string ip = d["local_ip"].cast<std::string>();
+  c.ipv6 = ip.find(':') != std::string::npos;
+  if (inet_pton(c.ipv6 ? AF_INET6 : AF_INET, ip.c_str(), c.local_ip) != 1)
+    raise_status(Status::Error(Err::INVALID, "tunnel port " + ps.name + ": bad local_ip '" + ip + "'"));
+  if (!parse_mac(d["local_mac"].cast<std::string>(), c.local_mac))
+    raise_status(Status::Error(Err::INVALID, "tunnel port " + ps.name + ": bad local_mac"));
+  if (!parse_mac(d["nexthop_mac"].cast<std::string>(), c.nexthop_mac))
+    raise_status(Status::Error(Err::INVALID, "tunnel port " + ps.name + ": bad nexthop_mac"));
+  if (d.contains("dst_port")) c.dst_port = d["dst_port"].cast<uint16_t>();
+  if (d.contains("sport_min")) c.sport_min = d["sport_min"].cast<uint16_t>();
+  if (d.contains("sport_max")) c.sport_max = d["sport_max"].cast<uint16_t>();
+  if (d.contains("ttl")) c.ttl = d["ttl"].cast<uint8_t>();
+  if (d.contains("mtu")) c.mtu = d["mtu"].cast<uint16_t>();
+  if (d.contains("strict")) c.strict = d["strict"].cast<bool>();
+  return ps;
+}
+
+py::dict port_dict(const PortInfo& p, Dataplane& dp) {
+  py::dict d;
+  d["name"] = p.name;
+  d["ofport"] = p.ofport;
+  d["tunnel"] = p.tunnel;
+  if (p.tunnel) {
+    const TunnelCfg& c = p.tnl;
+    char ip[64];
+    inet_ntop(c.ipv6 ? AF_INET6 : AF_INET, c.local_ip, ip, sizeof ip);
+    d["underlay"] = dp.port_name(c.underlay);
+    d["local_ip"] = std::string(ip);
+    d["local_mac"] = mac_str(c.local_mac);
+    d["nexthop_mac"] = mac_str(c.nexthop_mac);
+    d["dst_port"] = c.dst_port;
+    d["sport_min"] = c.sport_min;
+    d["sport_max"] = c.sport_max;
+    d["ttl"] = c.ttl;
+    d["mtu"] = c.mtu;
+    d["strict"] = c.strict;
+  }
+  return d;
+}
+
+py::dict drops_dict(const uint64_t* drops) {
+  py::dict d;
+  for (int r = 1; r < DROP_COUNT; r++)
+    if (drops[r]) d[drop_reason_name(r)] = drops[r];
+  return d;
+}
+
+const TxnOp::Kind kOpKinds[] = {TxnOp::ADD_FLOW, TxnOp::MOD_FLOWS, TxnOp::MOD_FLOWS_STRICT, TxnOp::DEL_FLOWS,
+                                TxnOp::DEL_FLOWS_STRICT, TxnOp::ADD_GROUP, TxnOp::MOD_GROUP, TxnOp::DEL_GROUPS};
+const char* const kOpNames[] = {"add_flow", "mod_flows", "mod_flows_strict", "del_flows",
+                                "del_flows_strict", "add_group", "mod_group", "del_groups"};
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "dpu native core (see native/ and DESIGN.md)";
+
+  m.def("drop_reasons", [] {
+    std::vector<std::pair<std::string, std::string>> v;
+    for (int r = 0; r < drop_reason_count(); r++) v.emplace_back(drop_reason_name(r), drop_reason_help(r));
+    return v;
+  });
+
+  py::class_<Replayer>(m, "Replayer")
+      .def("run",
+           [](Replayer& r, uint64_t max_packets) {
+             Status st;
+             bool more;
+             {
+               py::gil_scoped_release nogil;
+               more = r.run(max_packets, &st);
+             }
+             if (!st.ok()) {
+               r.close();
+               raise_status(st);
+             }
+             return more;
+           })
+      .def("close", [](Replayer& r) { check(r.close()); })
+      .def_property_readonly("packets", &Replayer::packets)
+      .def_property_readonly("bytes_done", &Replayer::bytes_done)
+      .def_property_readonly("bytes_total", &Replayer::bytes_total)
+      .def("outputs", &Replayer::outputs);
+
+  py::class_<Dataplane>(m, "Dataplane")
+      .def(py::init<>())
+      .def(
+          "apply",
+          [](Dataplane& dp, const py::list& add_ports, const std::vector<std::string>& del_ports,
+             const std::vector<std::pair<std::string, std::string>>& ops, const py::object& tenants,
+             bool create_ports) {
+            Txn txn;
+            for (const auto& p : add_ports) txn.add_ports.push_back(port_spec(p.cast<py::dict>()));
+            txn.del_ports = del_ports;
+            for (const auto& op : ops) {
+              TxnOp o;
+              bool found = false;
+              for (size_t k = 0; k < 8; k++)
+                if (op.first == kOpNames[k]) {
+                  o.kind = kOpKinds[k];
+                  found = true;
+                }
+              if (!found) throw py::value_error("unknown operation " + op.first);
+              o.text = op.second;
+              txn.ops.push_back(std::move(o));
+            }
+            if (!tenants.is_none()) {
+              txn.set_tenants = true;
+              for (const auto& t : tenants.cast<std::vector<std::pair<std::string, uint64_t>>>())
+                txn.tenants.push_back({t.first, t.second});
+            }
+            txn.create_ports = create_ports;
+            TxnResult res;
+            Status st;
+            {
+              py::gil_scoped_release nogil;
+              st = dp.apply(txn, &res);
+            }
+            check(st);
+            py::dict d;
+            d["flows_added"] = res.flows_added;
+            d["flows_modified"] = res.flows_modified;
+            d["flows_deleted"] = res.flows_deleted;
+            d["groups_added"] = res.groups_added;
+            d["groups_modified"] = res.groups_modified;
+            d["groups_deleted"] = res.groups_deleted;
+            d["ports_added"] = res.ports_added;
+            d["version"] = res.version;
+            return d;
+          },
+          py::arg("add_ports"), py::arg("del_ports"), py::arg("ops"), py::arg("tenants"), py::arg("create_ports"))
+      .def("ports",
+           [](Dataplane& dp) {
+             py::list l;
+             for (const PortInfo& p : dp.ports()) l.append(port_dict(p, dp));
+             return l;
+           })
+      .def("tenants", &Dataplane::tenants)
+      .def("dump_flows",
+           [](Dataplane& dp, const std::string& sel, bool strict) {
+             std::vector<FlowDump> v;
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = dp.dump_flows(sel, strict, &v);
+             }
+             check(st);
+             py::list l;
+             for (const FlowDump& f : v)
+               l.append(py::make_tuple(f.table, f.priority, f.cookie, f.n_packets, f.n_bytes, f.duration, f.match,
+                                       f.actions));
+             return l;
+           })
+      .def("dump_groups",
+           [](Dataplane& dp) {
+             py::list l;
+             for (const GroupDump& g : dp.dump_groups()) l.append(py::make_tuple(g.group_id, g.text, g.n_packets, g.n_bytes));
+             return l;
+           })
+      .def("tables",
+           [](Dataplane& dp) {
+             std::vector<std::array<uint64_t, 3>> v;
+             dp.table_counters(&v);
+             return v;
+           })
+      .def("stats",
+           [](Dataplane& dp) {
+             Totals t;
+             {
+               py::gil_scoped_release nogil;
+               t = dp.totals();
+             }
+             py::dict d;
+             py::dict ports;
+             for (const auto& pc : t.ports) {
+               const PortCounters& c = pc.second;
+               py::dict p;
+               p["rx_packets"] = c.rx_packets;
+               p["rx_bytes"] = c.rx_bytes;
+               p["tx_packets"] = c.tx_packets;
+               p["tx_bytes"] = c.tx_bytes;
+               p["rx_truncated"] = c.rx_truncated;
+               p["rx_malformed"] = c.rx_malformed;
+               p["rx_unknown"] = c.rx_unknown;
+               p["dropped"] = c.dropped;
+               p["drops"] = drops_dict(c.drops);
+               ports[py::int_(pc.first)] = p;
+             }
+             d["ports"] = ports;
+             py::list tenants;
+             for (const TenantCounters& c : t.tenants) {
+               py::dict p;
+               p["rx_packets"] = c.rx_packets;
+               p["rx_bytes"] = c.rx_bytes;
+               p["tx_packets"] = c.tx_packets;
+               p["tx_bytes"] = c.tx_bytes;
+               p["dropped"] = c.dropped;
+               p["drops"] = drops_dict(c.drops);
+               tenants.append(p);
+             }
+             d["tenants"] = tenants;
+             const PmdCounters& p = t.pmd;
+             py::dict pmd;
+             pmd["packets"] = p.packets;
+             pmd["passes"] = p.passes;
+             pmd["recirculations"] = p.recirculations;
+             pmd["emc_hits"] = p.emc_hits;
+             pmd["megaflow_hits"] = p.megaflow_hits;
+             pmd["subtable_probes"] = p.subtable_probes;
+             pmd["upcalls"] = p.upcalls;
+             pmd["upcall_no_install"] = p.upcall_no_install;
+             pmd["batches"] = p.batches;
+             pmd["tx_batches"] = p.tx_batches;
+             pmd["tx_packets"] = p.tx_packets;
+             pmd["cache_flushes"] = p.flushes;
+             pmd["megaflows"] = t.megaflows;
+             static const char* stages[] = {"parse", "emc", "megaflow", "upcall", "execute", "tx"};
+             py::dict cyc;
+             for (int i = 0; i < STAGE_COUNT; i++) cyc[stages[i]] = p.cycles[i];
+             pmd["cycles"] = cyc;
+             d["pmd"] = pmd;
+             return d;
+           })
+      .def("trace",
+           [](Dataplane& dp, const py::bytes& pkt, uint32_t in_port) {
+             std::string s = pkt;
+             TraceResult tr;
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = dp.trace(reinterpret_cast<const uint8_t*>(s.data()), s.size(), in_port, &tr);
+             }
+             check(st);
+             py::list passes;
+             for (const TracePass& p : tr.passes) {
+               py::list events;
+               for (const TraceEvent& e : p.events) {
+                 static const char* kinds[] = {"table", "miss", "action", "note"};
+                 py::dict ev;
+                 ev["kind"] = kinds[e.kind];
+                 ev["depth"] = e.depth;
+                 ev["table"] = e.table;
+                 ev["priority"] = e.priority;
+                 ev["cookie"] = e.cookie;
+                 ev["text"] = e.text;
+                 events.append(ev);
+               }
+               py::dict d;
+               d["in_port"] = dp.port_name(p.in_port);
+               d["flow"] = p.flow;
+               d["events"] = events;
+               d["final_flow"] = p.final_flow;
+               d["megaflow"] = p.megaflow;
+               d["datapath_actions"] = p.actions;
+               d["drop_reason"] = p.drop_reason ? py::cast(drop_reason_name(p.drop_reason)) : py::none();
+               passes.append(d);
+             }
+             py::list outs;
+             for (const auto& o : tr.outputs)
+               outs.append(py::make_tuple(dp.port_name(o.first),
+                                          py::bytes(reinterpret_cast<const char*>(o.second.data()), o.second.size())));
+             py::dict d;
+             d["passes"] = passes;
+             d["outputs"] = outs;
+             d["drop_reason"] = tr.drop_reason ? py::cast(drop_reason_name(tr.drop_reason)) : py::none();
+             return d;
+           })
+      .def("process",
+           [](Dataplane& dp, const py::bytes& data, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> offsets,
+              py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lens,
+              py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ports, const py::object& ts_obj) {
+             size_t n = static_cast<size_t>(offsets.size());
+             std::string_view buf = data;
+             const uint64_t* off = arr_ptr(offsets, n, "offsets");
+             const uint32_t* ln = arr_ptr(lens, n, "lens");
+             const uint32_t* pt = arr_ptr(ports, n, "ports");
+             for (size_t i = 0; i < n; i++)
+               if (off[i] + ln[i] > buf.size()) throw py::value_error("packet " + std::to_string(i) + " runs past the buffer");
+             py::array_t<uint64_t, py::array::c_style | py::array::forcecast> ts;
+             const uint64_t* tsp = nullptr;
+             if (!ts_obj.is_none()) {
+               ts = ts_obj.cast<py::array_t<uint64_t, py::array::c_style | py::array::forcecast>>();
+               tsp = arr_ptr(ts, n, "timestamps");
+             }
+             MemOutput out;
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = process_buffers(&dp, reinterpret_cast<const uint8_t*>(buf.data()), off, ln, pt, tsp, n, &out);
+             }
+             check(st);
+             size_t k = out.pkts.size();
+             py::array_t<uint32_t> o_port(k), o_index(k), o_off(k), o_len(k);
+             py::array_t<uint64_t> o_ts(k);
+             auto a = o_port.mutable_unchecked<1>();
+             auto b = o_index.mutable_unchecked<1>();
+             auto c = o_off.mutable_unchecked<1>();
+             auto e = o_len.mutable_unchecked<1>();
+             auto f = o_ts.mutable_unchecked<1>();
+             for (size_t i = 0; i < k; i++) {
+               a(i) = out.pkts[i].port;
+               b(i) = out.pkts[i].index;
+               c(i) = out.pkts[i].offset;
+               e(i) = out.pkts[i].len;
+               f(i) = out.pkts[i].ts_ns;
+             }
+             return py::make_tuple(py::bytes(reinterpret_cast<const char*>(out.data.data()), out.data.size()), o_port,
+                                   o_index, o_off, o_len, o_ts);
+           })
+      .def("bench",
+           [](Dataplane& dp, const py::bytes& data, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> offsets,
+              py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lens,
+              py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ports, uint64_t total) {
+             size_t n = static_cast<size_t>(offsets.size());
+             std::string_view buf = data;
+             const uint64_t* off = arr_ptr(offsets, n, "offsets");
+             const uint32_t* ln = arr_ptr(lens, n, "lens");
+             const uint32_t* pt = arr_ptr(ports, n, "ports");
+             for (size_t i = 0; i < n; i++) {
+               if (off[i] + ln[i] > buf.size()) throw py::value_error("packet runs past the buffer");
+               if (ln[i] > Packet::capacity()) throw py::value_error("packet larger than a buffer");
+             }
+             BenchStats bs;
+             {
+               py::gil_scoped_release nogil;
+               bs = bench_run(&dp, reinterpret_cast<const uint8_t*>(buf.data()), off, ln, pt, n, total);
+             }
+             return py::make_tuple(bs.packets, bs.seconds);
+           })
+      .def("replayer",
+           [](Dataplane& dp, const std::vector<std::pair<uint32_t, std::string>>& inputs, const std::string& out_dir) {
+             std::vector<ReplayInput> in;
+             for (const auto& i : inputs) in.push_back({i.first, i.second});
+             auto r = std::make_unique<Replayer>(&dp, std::move(in), out_dir);
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = r->open();
+             }
+             check(st);
+             return r;
+           },
+           py::keep_alive<0, 1>())
+      .def("set_profile",
+           [](Dataplane& dp, bool on) {
+             std::lock_guard<std::mutex> g(dp.worker(0).mu);
+             dp.worker(0).set_profile(on);
+           })
+      .def("set_emc_insert_inv_prob",
+           [](Dataplane& dp, uint32_t n) {
+             std::lock_guard<std::mutex> g(dp.worker(0).mu);
+             dp.worker(0).set_emc_insert_inv_prob(n);
+           })
+      .def("set_max_megaflows",
+           [](Dataplane& dp, size_t n) {
+             std::lock_guard<std::mutex> g(dp.worker(0).mu);
+             dp.worker(0).set_max_megaflows(n);
+           })
+      .def("warp", &Dataplane::warp)
+      .def("port_number", &Dataplane::port_number)
+      .def("port_name", &Dataplane::port_name);
+}

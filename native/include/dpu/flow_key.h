@@ -1,0 +1,202 @@
+// flow_key.h: the flow key, its masks, and the hashes computed over it.
+//
+// A Flow has two parts, as in Open vSwitch:
+//
+//  * the datapath key (the first kKeyWords 64-bit words): packet headers plus
+//    datapath metadata (in_port, recirc_id, tunnel, ct_*). This is what the
+//    exact-match cache and the megaflow cache hash and compare. Parsing a
+//    packet (parse.h) fills it; nothing else in the fast path writes it.
+//  * pipeline state (metadata, reg0..reg7): OpenFlow-level scratch values that
+//    exist only while the slow path walks the tables. They are never part of a
+//    megaflow: a megaflow's actions are the outcome of the walk, and every
+//    packet field that influenced a register is un-wildcarded at the point it
+//    was read (match, move, hash).
+//
+// Every header field is stored in network byte order, exactly as on the wire,
+// so masking is plain byte/word AND and set actions are plain copies. The
+// datapath metadata fields (in_port, recirc_id, ct_zone, ct_mark, ct_state)
+// and the pipeline state are host order.
+//
+// Layout is fixed (static_asserts below); fields.cc describes every field by
+// offset and width, so adding a field means adding it here and there.
+// Thread-safety: plain values; no shared state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace dpu {
+
+// nw_frag bits (as OVS FLOW_NW_FRAG_*).
+enum : uint8_t { kFragAny = 1, kFragLater = 2 };
+
+// ct_state bits (as OVS CS_*); filled by a later issue's conntrack.
+enum : uint32_t {
+  kCsNew = 1 << 0, kCsEstablished = 1 << 1, kCsRelated = 1 << 2, kCsReplyDir = 1 << 3,
+  kCsInvalid = 1 << 4, kCsTracked = 1 << 5, kCsSrcNat = 1 << 6, kCsDstNat = 1 << 7,
+};
+
+// tun_flags bits.
+enum : uint16_t { kTunPresent = 1, kTunIpv6 = 2 };
+
+// vlan_tci uses the OVS convention: bit 0x1000 (CFI/DEI position) means "a tag
+// is present"; the real DEI bit is not represented. 0 means untagged.
+constexpr uint16_t kVlanPresent = 0x1000;
+
+struct alignas(8) Flow {
+  // ---- datapath key -------------------------------------------------------
+  // w0
+  uint32_t in_port;      // ofport the packet arrived on (host order)
+  uint32_t recirc_id;    // 0 on first pass
+  // w1
+  uint64_t tun_id;       // VNI/key, network order (tun_id as OVS: 64-bit)
+  // w2
+  uint32_t tun_src;      // IPv4 outer source (network order)
+  uint32_t tun_dst;      // IPv4 outer destination
+  // w3..w6
+  uint8_t tun_ipv6_src[16];
+  uint8_t tun_ipv6_dst[16];
+  // w7
+  uint32_t ct_state;     // host order bits, kCs*
+  uint16_t ct_zone;
+  uint16_t tun_flags;    // kTunPresent | kTunIpv6
+  // w8
+  uint32_t ct_mark;
+  uint32_t key_pad0;
+  // w9..w10
+  uint8_t dl_dst[6];
+  uint8_t dl_src[6];
+  uint16_t dl_type;      // network order; inner type after one VLAN tag
+  uint16_t vlan_tci;     // network order; kVlanPresent set when tagged
+  // w11: IPv4 addresses, or ARP spa/tpa
+  uint32_t nw_src;
+  uint32_t nw_dst;
+  // w12..w15
+  uint8_t ipv6_src[16];
+  uint8_t ipv6_dst[16];
+  // w16
+  uint16_t tp_src;       // network order; ICMP type in the low byte
+  uint16_t tp_dst;       // network order; ICMP code in the low byte
+  uint8_t nw_proto;      // IP protocol, or ARP opcode (low byte)
+  uint8_t nw_tos;        // whole TOS / traffic class byte (DSCP << 2 | ECN)
+  uint8_t nw_ttl;        // TTL / hop limit
+  uint8_t nw_frag;       // kFrag*
+  // w17..w18
+  uint8_t arp_sha[6];
+  uint8_t arp_tha[6];
+  uint16_t tcp_flags;    // network order, 12 bits
+  uint16_t vlan_tpid;    // network order TPID of the tag (not matchable)
+  // ---- pipeline state (slow path only) -------------------------------------
+  uint64_t metadata;
+  uint32_t regs[8];
+};
+
+constexpr size_t kKeyWords = 19;
+constexpr size_t kKeyBytes = kKeyWords * 8;
+constexpr size_t kFlowWords = sizeof(Flow) / 8;
+
+static_assert(offsetof(Flow, tun_id) == 8, "layout");
+static_assert(offsetof(Flow, dl_dst) == 72, "layout");
+static_assert(offsetof(Flow, nw_src) == 88, "layout");
+static_assert(offsetof(Flow, tp_src) == 128, "layout");
+static_assert(offsetof(Flow, arp_sha) == 136, "layout");
+static_assert(offsetof(Flow, metadata) == kKeyBytes, "datapath key must end before pipeline state");
+static_assert(sizeof(Flow) == kKeyBytes + 40, "layout");
+
+inline const uint64_t* words(const Flow& f) { return reinterpret_cast<const uint64_t*>(&f); }
+inline uint64_t* words(Flow& f) { return reinterpret_cast<uint64_t*>(&f); }
+
+// Common ethertypes / protocols, network order where noted.
+constexpr uint16_t kEthIp = 0x0800, kEthArp = 0x0806, kEthIpv6 = 0x86dd, kEthVlan = 0x8100,
+                   kEthQinQ = 0x88a8;
+constexpr uint8_t kIpTcp = 6, kIpUdp = 17, kIpIcmp = 1, kIpIcmpv6 = 58, kIpSctp = 132;
+
+inline uint16_t be16(uint16_t v) { return __builtin_bswap16(v); }
+inline uint32_t be32(uint32_t v) { return __builtin_bswap32(v); }
+inline uint64_t be64(uint64_t v) { return __builtin_bswap64(v); }
+
+// ---- hashing ------------------------------------------------------------------
+// The cache hash: all datapath key words, mixed in pairs with 64x64->128 bit
+// multiplies so the work is independent and pipelines (about 10 multiplies).
+inline uint64_t mix128(uint64_t a, uint64_t b) {
+  unsigned __int128 r = static_cast<unsigned __int128>(a) * b;
+  return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);
+}
+
+inline uint32_t hash_key_words(const uint64_t* w, uint64_t seed) {
+  static constexpr uint64_t k[] = {
+      0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full, 0x165667b19e3779f9ull, 0xd6e8feb86659fd93ull,
+      0xa0761d6478bd642full, 0xe7037ed1a0b428dbull, 0x8ebc6af09c88c6e3ull, 0x589965cc75374cc3ull,
+      0x1d8e4e27c47d124full, 0xbf58476d1ce4e5b9ull};
+  uint64_t h = seed;
+  for (size_t i = 0; i + 1 < kKeyWords; i += 2)
+    h ^= mix128(w[i] ^ k[(i / 2) % 10], w[i + 1] ^ k[(i / 2 + 5) % 10]);
+  h ^= mix128(w[kKeyWords - 1] ^ k[9], seed ^ k[0]);
+  return static_cast<uint32_t>(h ^ (h >> 32));
+}
+
+inline uint32_t hash_key(const Flow& f) { return hash_key_words(words(f), 0x5bd1e995ull); }
+
+// The documented 5-tuple hash (README, "Hashes"), used to pick select-group
+// buckets and VXLAN source ports, and re-implemented by the test model:
+// FNV-1a 32-bit over, in order,
+//   IPv4: nw_src(4) nw_dst(4) nw_proto(1) tp_src(2) tp_dst(2)
+//   IPv6: ipv6_src(16) ipv6_dst(16) nw_proto(1) tp_src(2) tp_dst(2)
+//   other: dl_src(6) dl_dst(6) dl_type(2)
+// all in network byte order; tp_* are zero unless the packet is TCP, UDP or
+// SCTP and not a later fragment.
+inline uint32_t fnv1a(uint32_t h, const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+
+inline bool l4_has_ports(const Flow& f) {
+  return (f.nw_proto == kIpTcp || f.nw_proto == kIpUdp || f.nw_proto == kIpSctp) &&
+         !(f.nw_frag & kFragLater);
+}
+
+inline uint32_t hash_5tuple(const Flow& f) {
+  uint32_t h = 2166136261u;
+  const uint16_t t = be16(f.dl_type);
+  if (t == kEthIp || t == kEthIpv6) {
+    if (t == kEthIp) {
+      h = fnv1a(h, reinterpret_cast<const uint8_t*>(&f.nw_src), 4);
+      h = fnv1a(h, reinterpret_cast<const uint8_t*>(&f.nw_dst), 4);
+    } else {
+      h = fnv1a(h, f.ipv6_src, 16);
+      h = fnv1a(h, f.ipv6_dst, 16);
+    }
+    h = fnv1a(h, &f.nw_proto, 1);
+    uint16_t ports[2] = {0, 0};
+    if (l4_has_ports(f)) {
+      ports[0] = f.tp_src;
+      ports[1] = f.tp_dst;
+    }
+    h = fnv1a(h, reinterpret_cast<const uint8_t*>(ports), 4);
+  } else {
+    h = fnv1a(h, f.dl_src, 6);
+    h = fnv1a(h, f.dl_dst, 6);
+    h = fnv1a(h, reinterpret_cast<const uint8_t*>(&f.dl_type), 2);
+  }
+  return h;
+}
+
+// ---- masks ----------------------------------------------------------------------
+inline void flow_and(Flow& dst, const Flow& a, const Flow& b) {
+  uint64_t* d = words(dst);
+  const uint64_t *x = words(a), *y = words(b);
+  for (size_t i = 0; i < kFlowWords; i++) d[i] = x[i] & y[i];
+}
+
+inline void flow_or_into(Flow& dst, const Flow& m) {
+  uint64_t* d = words(dst);
+  const uint64_t* x = words(m);
+  for (size_t i = 0; i < kFlowWords; i++) d[i] |= x[i];
+}
+
+inline bool key_equal(const Flow& a, const Flow& b) {
+  return std::memcmp(&a, &b, kKeyBytes) == 0;
+}
+
+}  // namespace dpu

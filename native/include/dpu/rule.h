@@ -1,0 +1,122 @@
+// rule.h: what the control plane writes: matches, OpenFlow-level actions,
+// rules (flows in tables) and groups.
+//
+// These are the *first level* of rules (DESIGN.md "Two levels of rules"): the
+// slow path (xlate.cc) walks them; the fast path never sees them. Rules are
+// immutable once committed except for their statistics, which the slow path's
+// xlate cache credits from megaflow counters (see dataplane.h, "stats push").
+//
+// Thread-safety: a Rule is shared (shared_ptr) between the table that owns it
+// and the megaflows derived from it; only the atomic counters change.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dpu/fields.h"
+#include "dpu/flow_key.h"
+
+namespace dpu {
+
+constexpr int kNumTables = 255;           // tables 0..254, as OpenFlow
+constexpr uint16_t kDefaultPriority = 32768;
+constexpr uint32_t kGroupNone = 0xffffffffu;
+constexpr uint8_t kTableCurrent = 255;    // resubmit(port,) keeps the current table
+
+struct Match {
+  Flow value{};  // always pre-masked: value & mask == value
+  Flow mask{};
+};
+
+enum class OfAct : uint8_t {
+  OUTPUT, IN_PORT, FLOOD, ALL, DROP,
+  SET_FIELD, LOAD, MOVE,
+  MOD_DL_SRC, MOD_DL_DST, MOD_NW_SRC, MOD_NW_DST, MOD_NW_TOS, MOD_TP_SRC, MOD_TP_DST,
+  MOD_VLAN_VID, MOD_VLAN_PCP, PUSH_VLAN, POP_VLAN, STRIP_VLAN,
+  DEC_TTL, GOTO_TABLE, RESUBMIT, WRITE_METADATA, NOTE, GROUP,
+};
+
+struct OfAction {
+  OfAct type = OfAct::DROP;
+  FieldId field = FieldId::IN_PORT;      // destination field (writes)
+  FieldId src_field = FieldId::IN_PORT;  // MOVE source
+  uint16_t ofs = 0, n_bits = 0;          // destination subfield (LOAD/MOVE)
+  uint16_t src_ofs = 0;                  // MOVE source offset
+  u128 value = 0, mask = 0;              // SET_FIELD/LOAD/MOD_*/WRITE_METADATA (field bits)
+  uint32_t port = 0;                     // OUTPUT, RESUBMIT (kPortInPort = packet's in_port)
+  uint32_t arg = 0;                      // table, group id, TPID, VLAN vid/pcp, drop reason
+  std::vector<uint8_t> note;             // NOTE bytes
+  int32_t pos = -1;                      // character position in the source text (errors)
+};
+
+struct Rule {
+  uint8_t table = 0;
+  uint16_t priority = kDefaultPriority;
+  uint64_t cookie = 0;
+  Match match;
+  std::vector<OfAction> actions;
+  uint64_t seq = 0;          // commit order; the earlier rule wins a priority tie
+  int64_t created_ns = 0;    // for duration= in dumps
+  std::atomic<uint64_t> n_packets{0}, n_bytes{0};
+};
+using RulePtr = std::shared_ptr<Rule>;
+
+enum class GroupType : uint8_t { ALL, SELECT, INDIRECT };
+
+struct Bucket {
+  uint32_t bucket_id = 0;
+  uint32_t weight = 1;
+  std::vector<OfAction> actions;
+};
+
+struct Group {
+  uint32_t group_id = 0;
+  GroupType type = GroupType::ALL;
+  std::vector<Bucket> buckets;
+  uint32_t total_weight = 0;
+  std::atomic<uint64_t> n_packets{0}, n_bytes{0};
+};
+using GroupPtr = std::shared_ptr<Group>;
+
+// A parsed flow_mod (add/modify/delete/dump selector).
+struct FlowSpec {
+  bool has_table = false;
+  uint8_t table = 0;
+  bool has_priority = false;
+  uint16_t priority = kDefaultPriority;
+  uint64_t cookie = 0, cookie_mask = 0;
+  Match match;
+  bool has_actions = false;
+  std::vector<OfAction> actions;
+  uint32_t out_port = kPortNone;
+  uint32_t out_group = kGroupNone;
+};
+
+// Does the rule match flow `f` (value compared under the rule's mask)?
+inline bool match_flow(const Match& m, const Flow& f) {
+  const uint64_t *v = words(m.value), *k = words(m.mask), *x = words(f);
+  for (size_t i = 0; i < kFlowWords; i++)
+    if ((x[i] & k[i]) != v[i]) return false;
+  return true;
+}
+
+// Is every flow matched by `narrow` also matched by `wide` (ofctl non-strict)?
+inline bool match_covers(const Match& wide, const Match& narrow) {
+  const uint64_t *wv = words(wide.value), *wm = words(wide.mask), *nv = words(narrow.value),
+                 *nm = words(narrow.mask);
+  for (size_t i = 0; i < kFlowWords; i++) {
+    if ((wm[i] & ~nm[i]) != 0) return false;     // wide looks at bits narrow leaves free
+    if ((nv[i] & wm[i]) != wv[i]) return false;
+  }
+  return true;
+}
+
+inline bool match_equal(const Match& a, const Match& b) {
+  return std::memcmp(&a.value, &b.value, sizeof(Flow)) == 0 &&
+         std::memcmp(&a.mask, &b.mask, sizeof(Flow)) == 0;
+}
+
+}  // namespace dpu

@@ -1,0 +1,88 @@
+// checksum.h: Internet checksum helpers (RFC 1071 sums, RFC 1624 updates).
+//
+// The ones'-complement sum does not depend on byte order as long as every
+// 16-bit word is read the same way, so these functions take and return raw
+// 16-bit words as they sit in memory; callers never byte-swap checksums.
+// Header-only, pure, any thread.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace dpu {
+
+inline uint16_t load16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline void store16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// Partial sum over bytes (raw word order); odd trailing byte padded with zero.
+inline uint64_t csum_partial(const uint8_t* p, size_t n, uint64_t sum = 0) {
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    sum += (w & 0xffffffffull) + (w >> 32);
+    p += 8;
+    n -= 8;
+  }
+  while (n >= 2) {
+    sum += load16(p);
+    p += 2;
+    n -= 2;
+  }
+  if (n) {
+    uint8_t tail[2] = {p[0], 0};
+    sum += load16(tail);
+  }
+  return sum;
+}
+
+inline uint16_t csum_fold(uint64_t sum) {
+  sum = (sum & 0xffffffffull) + (sum >> 32);
+  sum = (sum & 0xffffffffull) + (sum >> 32);
+  sum = (sum & 0xffff) + (sum >> 16);
+  sum = (sum & 0xffff) + (sum >> 16);
+  return static_cast<uint16_t>(sum);
+}
+
+// Finished checksum (complemented) over a buffer.
+inline uint16_t csum(const uint8_t* p, size_t n, uint64_t sum = 0) {
+  return static_cast<uint16_t>(~csum_fold(csum_partial(p, n, sum)));
+}
+
+// RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'), for one 16-bit word.
+inline uint16_t csum_replace16(uint16_t hc, uint16_t old_w, uint16_t new_w) {
+  uint32_t s = static_cast<uint16_t>(~hc) + static_cast<uint16_t>(~old_w) + static_cast<uint32_t>(new_w);
+  s = (s & 0xffff) + (s >> 16);
+  s = (s & 0xffff) + (s >> 16);
+  return static_cast<uint16_t>(~s);
+}
+
+// Same for a run of bytes changing from `old_b` to `new_b` (length even, and
+// starting at an even offset from the start of the checksummed area).
+inline uint16_t csum_replace_bytes(uint16_t hc, const uint8_t* old_b, const uint8_t* new_b, size_t n) {
+  uint64_t s = static_cast<uint16_t>(~hc);
+  for (size_t i = 0; i < n; i += 2) {
+    s += static_cast<uint16_t>(~load16(old_b + i));
+    s += load16(new_b + i);
+  }
+  return static_cast<uint16_t>(~csum_fold(s));
+}
+
+// IPv4/IPv6 pseudo-header partial sums (addresses as raw bytes).
+inline uint64_t pseudo_sum_v4(const uint8_t* src, const uint8_t* dst, uint8_t proto, uint32_t l4_len) {
+  uint64_t s = csum_partial(src, 4) + csum_partial(dst, 4);
+  uint8_t tail[4] = {0, proto, static_cast<uint8_t>(l4_len >> 8), static_cast<uint8_t>(l4_len)};
+  return csum_partial(tail, 4, s);
+}
+
+inline uint64_t pseudo_sum_v6(const uint8_t* src, const uint8_t* dst, uint8_t proto, uint32_t l4_len) {
+  uint64_t s = csum_partial(src, 16) + csum_partial(dst, 16);
+  uint8_t tail[8] = {static_cast<uint8_t>(l4_len >> 24), static_cast<uint8_t>(l4_len >> 16),
+                     static_cast<uint8_t>(l4_len >> 8), static_cast<uint8_t>(l4_len), 0, 0, 0, proto};
+  return csum_partial(tail, 8, s);
+}
+
+}  // namespace dpu

@@ -1,0 +1,643 @@
+// dataplane.cc: ports, tables, groups, tenants; the transaction entry point;
+// dumps, counters and trace (see dataplane.h for the locking contract).
+#include "dataplane.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cctype>
+#include <set>
+#include <unordered_set>
+
+#include "parse.h"
+
+namespace dpu {
+
+// Port names as a transaction will see them: current ports, minus deletions,
+// plus additions, plus (with create_ports) names invented on first use.
+class Dataplane::TxnPorts : public PortNames {
+ public:
+  explicit TxnPorts(const PortTable& base) : base_(base), next_(std::max<uint32_t>(base.max_port(), 1)) {}
+  uint32_t port_number(std::string_view name) const override {
+    std::string n(name);
+    auto it = added_.find(n);
+    if (it != added_.end()) return it->second;
+    uint32_t p = base_.port_number(name);
+    if (p && !deleted_.count(p)) return p;
+    if (!create_ || !valid_name(n)) return 0;
+    uint32_t np = alloc();
+    added_[n] = np;
+    names_[np] = n;
+    created_.push_back(n);
+    return np;
+  }
+  std::string port_name(uint32_t p) const override {
+    auto it = names_.find(p);
+    if (it != names_.end()) return it->second;
+    if (deleted_.count(p)) return std::string();
+    return base_.port_name(p);
+  }
+  uint32_t alloc() const {
+    while (base_.get(next_) || names_.count(next_)) next_++;
+    return next_++;
+  }
+  void add(const std::string& name, uint32_t p) const {
+    added_[name] = p;
+    names_[p] = name;
+  }
+  static bool valid_name(const std::string& n) {
+    if (n.empty() || n.size() > 64 || std::isdigit(static_cast<unsigned char>(n[0]))) return false;
+    for (char c : n)
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return false;
+    return n != "in_port" && n != "flood" && n != "all" && n != "drop" && n != "local" && n != "normal" &&
+           n != "controller";
+  }
+
+  const PortTable& base_;
+  bool create_ = false;
+  mutable uint32_t next_;
+  mutable std::unordered_map<std::string, uint32_t> added_;
+  mutable std::unordered_map<uint32_t, std::string> names_;
+  mutable std::vector<std::string> created_;
+  std::set<uint32_t> deleted_;
+};
+
+Dataplane::Dataplane() { workers_.push_back(std::make_unique<Worker>(this, 8192)); }
+Dataplane::~Dataplane() = default;
+
+int64_t Dataplane::now_ns() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+             .count() +
+         warp_ns_.load();
+}
+
+Status Dataplane::validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortInfo>* add) {
+  for (const std::string& name : txn.del_ports) {
+    uint32_t p = ports_.port_number(name);
+    if (!p) return Status::Error(Err::UNKNOWN_PORT, "cannot delete unknown port '" + name + "'");
+    tp->deleted_.insert(p);
+  }
+  for (const PortSpec& ps : txn.add_ports) {
+    if (!TxnPorts::valid_name(ps.name))
+      return Status::Error(Err::INVALID, "bad port name '" + ps.name +
+                                             "': use letters, digits, '_', '-', '.', not starting with a digit");
+    if (tp->port_number(ps.name) && !txn.create_ports)
+      return Status::Error(Err::CONFLICT, "port '" + ps.name + "' already exists");
+    if (tp->added_.count(ps.name) || (ports_.port_number(ps.name) && !tp->deleted_.count(ports_.port_number(ps.name))))
+      return Status::Error(Err::CONFLICT, "port '" + ps.name + "' already exists");
+    PortInfo pi;
+    pi.name = ps.name;
+    pi.tunnel = ps.tunnel;
+    pi.tnl = ps.cfg;
+    if (ps.ofport) {
+      if (ps.ofport >= 0xffff0000u || ports_.get(ps.ofport) || tp->names_.count(ps.ofport))
+        return Status::Error(Err::CONFLICT, "port number " + std::to_string(ps.ofport) + " is taken");
+      pi.ofport = ps.ofport;
+    } else {
+      pi.ofport = tp->alloc();
+    }
+    if (ps.tunnel) {
+      uint32_t u = tp->port_number(ps.underlay);
+      if (!u) return Status::Error(Err::UNKNOWN_PORT, "tunnel port '" + ps.name + "': unknown underlay port '" + ps.underlay + "'");
+      const PortInfo* up = ports_.get(u);
+      bool up_tunnel = up ? up->tunnel : false;
+      for (const PortInfo& a : *add)
+        if (a.ofport == u) up_tunnel = a.tunnel;
+      if (up_tunnel) return Status::Error(Err::INVALID, "tunnel port '" + ps.name + "': underlay cannot be a tunnel port");
+      pi.tnl.underlay = u;
+      if (pi.tnl.sport_min > pi.tnl.sport_max)
+        return Status::Error(Err::INVALID, "tunnel port '" + ps.name + "': source port range is empty");
+    }
+    tp->add(ps.name, pi.ofport);
+    add->push_back(pi);
+  }
+  return Status::Ok();
+}
+
+static bool rule_outputs_to(const Rule& r, uint32_t port) {
+  for (const OfAction& a : r.actions)
+    if (a.type == OfAct::OUTPUT && a.port == port) return true;
+  return false;
+}
+
+static bool rule_uses_group(const Rule& r, uint32_t g) {
+  for (const OfAction& a : r.actions)
+    if (a.type == OfAct::GROUP && (g == kGroupNone || a.arg == g)) return true;
+  return false;
+}
+
+void Dataplane::collect(const FlowSpec& spec, bool strict, bool any_table, std::vector<RulePtr>* out) const {
+  int lo = spec.has_table ? spec.table : 0, hi = spec.has_table ? spec.table : kNumTables - 1;
+  if (any_table && !spec.has_table) lo = 0;
+  auto ok = [&](const Rule& r) {
+    if ((r.cookie & spec.cookie_mask) != (spec.cookie & spec.cookie_mask)) return false;
+    if (spec.out_port != kPortNone && !rule_outputs_to(r, spec.out_port)) return false;
+    if (spec.out_group != kGroupNone && !rule_uses_group(r, spec.out_group)) return false;
+    return true;
+  };
+  for (int t = lo; t <= hi; t++) {
+    if (strict) {
+      RulePtr r = tables_[t].find_exact(spec.match, spec.priority);
+      if (r && ok(*r)) out->push_back(r);
+    } else {
+      tables_[t].for_each([&](const RulePtr& r) {
+        if (match_covers(spec.match, r->match) && ok(*r)) out->push_back(r);
+      });
+    }
+  }
+}
+
+Status Dataplane::apply(const Txn& txn, TxnResult* res) {
+  std::lock_guard<std::mutex> commit_guard(commit_mu_);
+  *res = TxnResult();
+  // ---- validate: nothing below changes any state --------------------------------
+  TxnPorts tp(ports_);
+  std::vector<PortInfo> new_ports;
+  Status st = validate_ports(txn, &tp, &new_ports);
+  if (!st.ok()) return st;
+  tp.create_ = txn.create_ports;
+
+  struct Parsed {
+    FlowSpec flow;
+    GroupPtr group;
+    bool all_groups = false;
+  };
+  std::vector<Parsed> parsed(txn.ops.size());
+  std::unordered_set<uint32_t> gids;
+  for (const auto& kv : groups_) gids.insert(kv.first);
+  auto check_groups = [&](const std::vector<OfAction>& acts, int line) -> Status {
+    for (const OfAction& a : acts) {
+      if (a.type == OfAct::GROUP && !gids.count(a.arg)) {
+        Status s = Status::At(Err::UNKNOWN_GROUP, "group " + std::to_string(a.arg) + " does not exist",
+                              "group:" + std::to_string(a.arg), a.pos);
+        s.line = line;
+        return s;
+      }
+    }
+    return Status::Ok();
+  };
+  for (size_t i = 0; i < txn.ops.size(); i++) {
+    const TxnOp& op = txn.ops[i];
+    Parsed& p = parsed[i];
+    const int line = static_cast<int>(i) + 1;
+    switch (op.kind) {
+      case TxnOp::ADD_FLOW:
+      case TxnOp::MOD_FLOWS:
+      case TxnOp::MOD_FLOWS_STRICT:
+      case TxnOp::DEL_FLOWS:
+      case TxnOp::DEL_FLOWS_STRICT: {
+        FlowCmd cmd = op.kind == TxnOp::ADD_FLOW ? FlowCmd::ADD
+                      : (op.kind == TxnOp::MOD_FLOWS || op.kind == TxnOp::MOD_FLOWS_STRICT) ? FlowCmd::MODIFY
+                                                                                           : FlowCmd::DELETE;
+        st = parse_flow(op.text, cmd, &tp, &p.flow);
+        if (st.ok() && p.flow.has_actions) st = check_groups(p.flow.actions, line);
+        break;
+      }
+      case TxnOp::ADD_GROUP:
+      case TxnOp::MOD_GROUP: {
+        p.group = std::make_shared<Group>();
+        st = parse_group(op.text, true, &tp, p.group.get());
+        if (!st.ok()) break;
+        if (op.kind == TxnOp::ADD_GROUP && gids.count(p.group->group_id)) {
+          st = Status::Error(Err::CONFLICT, "group " + std::to_string(p.group->group_id) + " already exists");
+          break;
+        }
+        if (op.kind == TxnOp::MOD_GROUP && !gids.count(p.group->group_id)) {
+          st = Status::Error(Err::UNKNOWN_GROUP, "group " + std::to_string(p.group->group_id) + " does not exist");
+          break;
+        }
+        gids.insert(p.group->group_id);
+        for (const Bucket& b : p.group->buckets) {
+          st = check_groups(b.actions, line);
+          if (!st.ok()) break;
+        }
+        break;
+      }
+      case TxnOp::DEL_GROUPS: {
+        std::string t = op.text;
+        if (t.empty() || t == "group_id=all" || t == "all") {
+          p.all_groups = true;
+          gids.clear();
+          break;
+        }
+        p.group = std::make_shared<Group>();
+        st = parse_group(op.text, false, &tp, p.group.get());
+        if (st.ok()) gids.erase(p.group->group_id);
+        break;
+      }
+    }
+    if (!st.ok()) {
+      st.line = line;
+      return st;
+    }
+  }
+  std::vector<TenantSpec> tenants = txn.tenants;
+  if (txn.set_tenants) {
+    std::unordered_set<uint64_t> seen;
+    for (const TenantSpec& t : tenants) {
+      if (!seen.insert(t.metadata).second)
+        return Status::Error(Err::CONFLICT, "two tenants share metadata " + std::to_string(t.metadata));
+    }
+    if (tenants.size() >= 0xffff) return Status::Error(Err::INVALID, "too many tenants (at most 65534)");
+  }
+
+  // ---- commit ---------------------------------------------------------------------
+  std::vector<std::unique_lock<std::mutex>> held;
+  for (auto& w : workers_) {
+    held.emplace_back(w->mu);
+    w->push_stats();  // counts so far go to the rules as they are now
+  }
+  std::unique_lock<std::shared_mutex> wl(lock_);
+  for (const std::string& n : txn.del_ports) ports_.remove(ports_.port_number(n));
+  for (const PortInfo& pi : new_ports) ports_.add(pi);
+  for (const std::string& n : tp.created_) {
+    PortInfo pi;
+    pi.ofport = tp.added_[n];
+    pi.name = n;
+    ports_.add(pi);
+  }
+  res->ports_added = tp.created_;
+  for (const PortInfo& pi : new_ports) res->ports_added.push_back(pi.name);
+
+  const int64_t now = now_ns();
+  auto replace = [&](const RulePtr& old, std::vector<OfAction> acts) {
+    auto r = std::make_shared<Rule>();
+    r->table = old->table;
+    r->priority = old->priority;
+    r->cookie = old->cookie;
+    r->match = old->match;
+    r->actions = std::move(acts);
+    r->seq = old->seq;
+    r->created_ns = old->created_ns;
+    r->n_packets = old->n_packets.load();
+    r->n_bytes = old->n_bytes.load();
+    tables_[old->table].remove(old.get());
+    tables_[r->table].insert(r);
+  };
+  for (size_t i = 0; i < txn.ops.size(); i++) {
+    const TxnOp& op = txn.ops[i];
+    Parsed& p = parsed[i];
+    switch (op.kind) {
+      case TxnOp::ADD_FLOW: {
+        auto r = std::make_shared<Rule>();
+        r->table = p.flow.table;
+        r->priority = p.flow.priority;
+        r->cookie = p.flow.cookie;
+        r->match = p.flow.match;
+        r->actions = std::move(p.flow.actions);
+        r->created_ns = now;
+        RulePtr old = tables_[r->table].find_exact(r->match, r->priority);
+        if (old) {
+          r->seq = old->seq;
+          r->n_packets = old->n_packets.load();
+          r->n_bytes = old->n_bytes.load();
+          tables_[r->table].remove(old.get());
+        } else {
+          r->seq = next_seq_++;
+        }
+        tables_[r->table].insert(r);
+        res->flows_added++;
+        break;
+      }
+      case TxnOp::MOD_FLOWS:
+      case TxnOp::MOD_FLOWS_STRICT: {
+        std::vector<RulePtr> hit;
+        collect(p.flow, op.kind == TxnOp::MOD_FLOWS_STRICT, true, &hit);
+        for (const RulePtr& r : hit) replace(r, p.flow.actions);
+        res->flows_modified += hit.size();
+        break;
+      }
+      case TxnOp::DEL_FLOWS:
+      case TxnOp::DEL_FLOWS_STRICT: {
+        std::vector<RulePtr> hit;
+        collect(p.flow, op.kind == TxnOp::DEL_FLOWS_STRICT, true, &hit);
+        for (const RulePtr& r : hit) tables_[r->table].remove(r.get());
+        res->flows_deleted += hit.size();
+        break;
+      }
+      case TxnOp::ADD_GROUP:
+        groups_[p.group->group_id] = p.group;
+        res->groups_added++;
+        break;
+      case TxnOp::MOD_GROUP: {
+        GroupPtr& g = groups_[p.group->group_id];
+        p.group->n_packets = g->n_packets.load();
+        p.group->n_bytes = g->n_bytes.load();
+        g = p.group;
+        res->groups_modified++;
+        break;
+      }
+      case TxnOp::DEL_GROUPS: {
+        std::vector<uint32_t> ids;
+        if (p.all_groups) {
+          for (auto& kv : groups_) ids.push_back(kv.first);
+        } else if (groups_.count(p.group->group_id)) {
+          ids.push_back(p.group->group_id);
+        }
+        for (uint32_t id : ids) {
+          groups_.erase(id);
+          std::vector<RulePtr> users;  // OpenFlow: deleting a group deletes the flows using it
+          for (int t = 0; t < kNumTables; t++)
+            tables_[t].for_each([&](const RulePtr& r) {
+              if (rule_uses_group(*r, id)) users.push_back(r);
+            });
+          for (const RulePtr& r : users) tables_[r->table].remove(r.get());
+          res->flows_deleted += users.size();
+        }
+        res->groups_deleted += ids.size();
+        break;
+      }
+    }
+  }
+  if (txn.set_tenants) {
+    tenant_index_.clear();
+    tenant_list_.clear();
+    for (const TenantSpec& t : tenants) {
+      tenant_list_.emplace_back(t.name, t.metadata);
+      tenant_index_[t.metadata] = static_cast<uint16_t>(tenant_list_.size());
+    }
+  }
+  res->version = version_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  return Status::Ok();
+}
+
+void Dataplane::sync_stats() {
+  for (auto& w : workers_) {
+    std::lock_guard<std::mutex> g(w->mu);
+    w->push_stats();
+  }
+}
+
+Status Dataplane::dump_flows(const std::string& selector, bool strict, std::vector<FlowDump>* out) {
+  FlowSpec spec;
+  {
+    std::shared_lock<std::shared_mutex> rl(lock_);
+    Status st = parse_flow(selector, FlowCmd::MATCH_ONLY, &ports_, &spec);
+    if (!st.ok()) return st;
+  }
+  sync_stats();
+  std::shared_lock<std::shared_mutex> rl(lock_);
+  std::vector<RulePtr> rules;
+  collect(spec, strict, true, &rules);
+  std::sort(rules.begin(), rules.end(), [](const RulePtr& a, const RulePtr& b) {
+    if (a->table != b->table) return a->table < b->table;
+    if (a->priority != b->priority) return a->priority > b->priority;
+    return a->seq < b->seq;
+  });
+  const int64_t now = now_ns();
+  for (const RulePtr& r : rules) {
+    FlowDump d;
+    d.table = r->table;
+    d.priority = r->priority;
+    d.cookie = r->cookie;
+    d.n_packets = r->n_packets.load();
+    d.n_bytes = r->n_bytes.load();
+    d.duration = static_cast<double>(now - r->created_ns) / 1e9;
+    d.match = format_match(r->match, r->priority, true, &ports_);
+    d.actions = format_actions(r->actions, &ports_);
+    out->push_back(std::move(d));
+  }
+  return Status::Ok();
+}
+
+std::vector<GroupDump> Dataplane::dump_groups() {
+  sync_stats();
+  std::shared_lock<std::shared_mutex> rl(lock_);
+  std::vector<GroupDump> out;
+  for (const auto& kv : groups_) out.push_back({kv.first, format_group(*kv.second, &ports_), kv.second->n_packets.load(), kv.second->n_bytes.load()});
+  std::sort(out.begin(), out.end(), [](const GroupDump& a, const GroupDump& b) { return a.group_id < b.group_id; });
+  return out;
+}
+
+void Dataplane::table_counters(std::vector<std::array<uint64_t, 3>>* out) {
+  sync_stats();
+  std::shared_lock<std::shared_mutex> rl(lock_);
+  out->clear();
+  for (int t = 0; t < kNumTables; t++)
+    out->push_back({table_stats_[t].lookups.load(), table_stats_[t].matches.load(), tables_[t].size()});
+}
+
+Totals Dataplane::totals() {
+  Totals tot;
+  std::vector<PortInfo> ps = ports();
+  size_t n_tenants;
+  {
+    std::shared_lock<std::shared_mutex> rl(lock_);
+    n_tenants = tenant_list_.size();
+  }
+  tot.tenants.resize(n_tenants + 1);
+  for (const PortInfo& p : ps) tot.ports.push_back({p.ofport, PortCounters()});
+  for (auto& w : workers_) {
+    std::lock_guard<std::mutex> g(w->mu);
+    for (auto& pc : tot.ports) {
+      if (pc.first >= w->ports.size()) continue;
+      const PortCounters& s = w->ports[pc.first];
+      PortCounters& d = pc.second;
+      d.rx_packets += s.rx_packets;
+      d.rx_bytes += s.rx_bytes;
+      d.tx_packets += s.tx_packets;
+      d.tx_bytes += s.tx_bytes;
+      d.rx_truncated += s.rx_truncated;
+      d.rx_malformed += s.rx_malformed;
+      d.rx_unknown += s.rx_unknown;
+      d.dropped += s.dropped;
+      for (int r = 0; r < DROP_COUNT; r++) d.drops[r] += s.drops[r];
+    }
+    for (size_t t = 0; t < tot.tenants.size() && t < w->tenants.size(); t++) {
+      const TenantCounters& s = w->tenants[t];
+      TenantCounters& d = tot.tenants[t];
+      d.rx_packets += s.rx_packets;
+      d.rx_bytes += s.rx_bytes;
+      d.tx_packets += s.tx_packets;
+      d.tx_bytes += s.tx_bytes;
+      d.dropped += s.dropped;
+      for (int r = 0; r < DROP_COUNT; r++) d.drops[r] += s.drops[r];
+    }
+    const PmdCounters& s = w->pmd;
+    PmdCounters& d = tot.pmd;
+    d.packets += s.packets;
+    d.passes += s.passes;
+    d.recirculations += s.recirculations;
+    d.emc_hits += s.emc_hits;
+    d.megaflow_hits += s.megaflow_hits;
+    d.subtable_probes += s.subtable_probes;
+    d.upcalls += s.upcalls;
+    d.upcall_no_install += s.upcall_no_install;
+    d.batches += s.batches;
+    d.tx_batches += s.tx_batches;
+    d.tx_packets += s.tx_packets;
+    d.flushes += s.flushes;
+    for (int i = 0; i < STAGE_COUNT; i++) d.cycles[i] += s.cycles[i];
+    tot.megaflows += w->megaflow_count();
+  }
+  return tot;
+}
+
+std::vector<PortInfo> Dataplane::ports() {
+  std::shared_lock<std::shared_mutex> rl(lock_);
+  std::vector<PortInfo> v;
+  for (const PortInfo* p : ports_.all()) v.push_back(*p);
+  return v;
+}
+
+std::vector<std::pair<std::string, uint64_t>> Dataplane::tenants() {
+  std::shared_lock<std::shared_mutex> rl(lock_);
+  return tenant_list_;
+}
+
+uint32_t Dataplane::port_number(const std::string& name) {
+  std::shared_lock<std::shared_mutex> rl(lock_);
+  return ports_.port_number(name);
+}
+
+std::string Dataplane::port_name(uint32_t p) {
+  std::shared_lock<std::shared_mutex> rl(lock_);
+  return ports_.port_name(p);
+}
+
+void Dataplane::upcall(const Flow& key, XlateOut* out, std::vector<TraceEvent>* trace) {
+  std::shared_lock<std::shared_mutex> rl(lock_);
+  XlateEnv env;
+  env.tables = tables_;
+  env.groups = &groups_;
+  env.ports = &ports_;
+  env.tenants = &tenant_index_;
+  xlate(env, key, out, trace);
+}
+
+void Dataplane::credit(const std::vector<XcacheEntry>& xc, uint64_t packets, uint64_t bytes) {
+  for (const XcacheEntry& e : xc) {
+    switch (e.kind) {
+      case XcacheEntry::RULE:
+        e.rule->n_packets.fetch_add(packets, std::memory_order_relaxed);
+        e.rule->n_bytes.fetch_add(bytes, std::memory_order_relaxed);
+        break;
+      case XcacheEntry::TABLE:
+        table_stats_[e.table].lookups.fetch_add(packets, std::memory_order_relaxed);
+        if (e.matched) table_stats_[e.table].matches.fetch_add(packets, std::memory_order_relaxed);
+        break;
+      case XcacheEntry::GROUP:
+        e.group->n_packets.fetch_add(packets, std::memory_order_relaxed);
+        e.group->n_bytes.fetch_add(bytes, std::memory_order_relaxed);
+        break;
+    }
+  }
+}
+
+void Dataplane::port_flags(std::vector<uint8_t>* is_tunnel, size_t* n_tenants) {
+  std::shared_lock<std::shared_mutex> rl(lock_);
+  is_tunnel->assign(std::max<uint32_t>(ports_.max_port(), 1), 0);
+  for (const PortInfo* p : ports_.all()) (*is_tunnel)[p->ofport] = p->tunnel;
+  *n_tenants = tenant_list_.size();
+}
+
+// "Flow:" text: every field that exists for this kind of packet.
+std::string Dataplane::flow_text(const Flow& f, bool with_pipeline) const {
+  Match m;
+  Flow& k = m.mask;
+  k.in_port = 0xffffffffu;
+  if (f.tun_flags & kTunPresent) {
+    k.tun_id = ~0ull;
+    if (f.tun_flags & kTunIpv6) {
+      std::memset(k.tun_ipv6_src, 0xff, 32);
+    } else {
+      k.tun_src = k.tun_dst = 0xffffffffu;
+    }
+  }
+  if (f.ct_state) k.ct_state = 0xffffffffu;
+  std::memset(k.dl_dst, 0xff, 12);
+  k.dl_type = 0xffff;
+  k.vlan_tci = 0xffff;
+  uint16_t t = be16(f.dl_type);
+  if (t == kEthIp || t == kEthIpv6) {
+    if (t == kEthIp) k.nw_src = k.nw_dst = 0xffffffffu;
+    else std::memset(k.ipv6_src, 0xff, 32);
+    k.nw_proto = k.nw_tos = k.nw_ttl = 0xff;
+    k.nw_frag = 3;
+    if (!(f.nw_frag & kFragLater) &&
+        (f.nw_proto == kIpTcp || f.nw_proto == kIpUdp || f.nw_proto == kIpSctp || f.nw_proto == kIpIcmp ||
+         f.nw_proto == kIpIcmpv6))
+      k.tp_src = k.tp_dst = 0xffff;
+    if (f.nw_proto == kIpTcp) k.tcp_flags = be16(0x0fff);
+  } else if (t == kEthArp) {
+    k.nw_src = k.nw_dst = 0xffffffffu;
+    k.nw_proto = 0xff;
+    std::memset(k.arp_sha, 0xff, 12);
+  }
+  if (with_pipeline) {
+    if (f.metadata) k.metadata = ~0ull;
+    for (int i = 0; i < 8; i++)
+      if (f.regs[i]) k.regs[i] = 0xffffffffu;
+  }
+  flow_and(m.value, f, m.mask);
+  return format_match(m, 0, false, &ports_);
+}
+
+Status Dataplane::trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceResult* out) {
+  {
+    std::shared_lock<std::shared_mutex> rl(lock_);
+    const PortInfo* pi = ports_.get(in_port);
+    if (!pi) return Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(in_port));
+  }
+  if (len > Packet::capacity())
+    return Status::Error(Err::INVALID, "packet of " + std::to_string(len) + " bytes exceeds the " +
+                                           std::to_string(Packet::capacity()) + "-byte buffer");
+  auto scratch = std::make_unique<Packet>();
+  scratch->reset();
+  std::memcpy(scratch->data(), pkt, len);
+  scratch->len = static_cast<uint16_t>(len);
+  scratch->md.in_port = in_port;
+  for (int pass = 0; pass < kMaxPasses; pass++) {
+    Flow key;
+    parse_packet(scratch.get(), &key);
+    TracePass tp;
+    tp.in_port = scratch->md.in_port;
+    XlateOut xo;
+    upcall(key, &xo, &tp.events);
+    std::shared_lock<std::shared_mutex> rl(lock_);
+    tp.flow = flow_text(key, false);
+    tp.final_flow = flow_text(xo.final_flow, true);
+    Match mf;
+    mf.mask = xo.wc;
+    std::memset(reinterpret_cast<uint8_t*>(&mf.mask) + kKeyBytes, 0, sizeof(Flow) - kKeyBytes);
+    flow_and(mf.value, key, mf.mask);
+    tp.megaflow = format_match(mf, 0, false, &ports_);
+    tp.actions = format_dp_actions(xo.actions, &ports_);
+    tp.drop_reason = xo.drop_reason;
+    out->passes.push_back(std::move(tp));
+    if (xo.actions.empty() || xo.actions.back().type != Dp::TNL_POP) break;
+    uint16_t r = Worker::tnl_pop(scratch.get(), xo.actions.back());
+    if (r != DROP_NONE) {
+      out->passes.back().drop_reason = r;
+      break;
+    }
+  }
+  // What the datapath really emits: the packet through a private worker whose
+  // counters and caches are thrown away afterwards.
+  class Capture : public PortSink {
+   public:
+    explicit Capture(TraceResult* o) : o_(o) {}
+    void send(uint32_t port, Packet* const* pkts, uint32_t n) override {
+      for (uint32_t i = 0; i < n; i++)
+        o_->outputs.emplace_back(port, std::vector<uint8_t>(pkts[i]->data(), pkts[i]->data() + pkts[i]->len));
+    }
+    TraceResult* o_;
+  } cap(out);
+  Worker w(this, 256);
+  w.set_sink(&cap);
+  Batch b;
+  Packet* p = w.pool().get();
+  std::memcpy(p->data(), pkt, len);
+  p->len = static_cast<uint16_t>(len);
+  p->md.in_port = in_port;
+  b.push(p);
+  {
+    std::lock_guard<std::mutex> g(w.mu);
+    w.process(b);
+  }
+  for (const auto& pc : w.ports)
+    for (int r = 1; r < DROP_COUNT; r++)
+      if (pc.drops[r]) out->drop_reason = static_cast<uint16_t>(r);
+  return Status::Ok();
+}
+
+}  // namespace dpu

@@ -1,0 +1,166 @@
+// dataplane.h: the shared state of one dataplane and its control entry points.
+//
+// Holds the ports, the 255 OpenFlow tables, the groups, the tenant map
+// (metadata value -> tenant, for per-tenant counters) and the workers.
+//
+// Control (any thread, one commit at a time):
+//   apply(Txn)   the single validate-then-commit entry point for ports, flows,
+//                groups and tenants. Everything in a Txn is parsed and checked
+//                first; only then, holding every worker's mutex (so no batch is
+//                in flight) and the exclusive table lock, is it applied, and the
+//                table version bumped. Workers see the new version at their next
+//                batch and flush their caches: a change is visible to the very
+//                next batch, and no packet sees half of it.
+//   dump_flows / dump_groups / stats / trace   readers (shared lock).
+// Fast path (workers): upcall() runs xlate under the shared lock; credit()
+// adds megaflow counts to rules, tables and groups (atomics).
+//
+// Lock order: worker mutexes (ascending) -> table lock. Readers that need
+// fresh rule counters first push worker stats (worker mutexes only), then take
+// the shared table lock, never both at once.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "classifier.h"
+#include "dpu/ofparse.h"
+#include "dpu/status.h"
+#include "ports.h"
+#include "worker.h"
+#include "xlate.h"
+
+namespace dpu {
+
+struct PortSpec {
+  std::string name;
+  bool tunnel = false;
+  std::string underlay;  // tunnel ports: name of the uplink port
+  TunnelCfg cfg;
+  uint32_t ofport = 0;   // 0 = next free number
+};
+
+struct TenantSpec {
+  std::string name;
+  uint64_t metadata = 0;
+};
+
+struct TxnOp {
+  enum Kind : uint8_t {
+    ADD_FLOW, MOD_FLOWS, MOD_FLOWS_STRICT, DEL_FLOWS, DEL_FLOWS_STRICT, ADD_GROUP, MOD_GROUP, DEL_GROUPS
+  } kind = ADD_FLOW;
+  std::string text;
+};
+
+struct Txn {
+  std::vector<PortSpec> add_ports;
+  std::vector<std::string> del_ports;
+  std::vector<TxnOp> ops;
+  bool set_tenants = false;
+  std::vector<TenantSpec> tenants;
+  bool create_ports = false;  // unknown port names in flows become new plain ports
+};
+
+struct TxnResult {
+  uint64_t flows_added = 0, flows_modified = 0, flows_deleted = 0;
+  uint64_t groups_added = 0, groups_modified = 0, groups_deleted = 0;
+  std::vector<std::string> ports_added;
+  uint64_t version = 0;
+};
+
+struct FlowDump {
+  uint8_t table;
+  uint16_t priority;
+  uint64_t cookie;
+  uint64_t n_packets, n_bytes;
+  double duration;
+  std::string match, actions;
+};
+
+struct GroupDump {
+  uint32_t group_id;
+  std::string text;
+  uint64_t n_packets, n_bytes;
+};
+
+struct TracePass {
+  uint32_t in_port = 0;
+  std::string flow;
+  std::vector<TraceEvent> events;
+  std::string final_flow, megaflow, actions;
+  uint16_t drop_reason = DROP_NONE;
+};
+
+struct TraceResult {
+  std::vector<TracePass> passes;
+  std::vector<std::pair<uint32_t, std::vector<uint8_t>>> outputs;
+  uint16_t drop_reason = DROP_NONE;
+};
+
+struct Totals {
+  std::vector<std::pair<uint32_t, PortCounters>> ports;
+  std::vector<TenantCounters> tenants;
+  PmdCounters pmd;
+  uint64_t megaflows = 0;
+};
+
+class Dataplane {
+ public:
+  Dataplane();
+  ~Dataplane();
+
+  Status apply(const Txn& txn, TxnResult* res);
+
+  Status dump_flows(const std::string& selector, bool strict, std::vector<FlowDump>* out);
+  std::vector<GroupDump> dump_groups();
+  Totals totals();  // summed over workers
+  void table_counters(std::vector<std::array<uint64_t, 3>>* out);  // lookups, matches, rules
+  Status trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceResult* out);
+
+  std::vector<PortInfo> ports();
+  std::vector<std::pair<std::string, uint64_t>> tenants();
+  uint32_t port_number(const std::string& name);
+  std::string port_name(uint32_t p);
+
+  // Workers. Worker 0 serves API calls (process, replay, bench).
+  Worker& worker(size_t i) { return *workers_[i]; }
+  size_t n_workers() const { return workers_.size(); }
+  void sync_stats();  // push every worker's megaflow counts to the rules
+
+  // Fast path hooks.
+  uint64_t version() const { return version_.load(std::memory_order_acquire); }
+  void upcall(const Flow& key, XlateOut* out, std::vector<TraceEvent>* trace);
+  void credit(const std::vector<XcacheEntry>& xc, uint64_t packets, uint64_t bytes);
+  void port_flags(std::vector<uint8_t>* is_tunnel, size_t* n_tenants);
+
+  // Time (injectable, as OVS's time/warp): monotonic ns plus a test offset.
+  int64_t now_ns() const;
+  void warp(int64_t ns) { warp_ns_ += ns; }
+
+ private:
+  class TxnPorts;
+  Status validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortInfo>* add);
+  void collect(const FlowSpec& spec, bool strict, bool any_table, std::vector<RulePtr>* out) const;
+  std::string flow_text(const Flow& f, bool with_pipeline) const;
+
+  mutable std::shared_mutex lock_;
+  std::mutex commit_mu_;
+  std::atomic<uint64_t> version_{1};
+  PortTable ports_;
+  Classifier tables_[kNumTables];
+  TableStats table_stats_[kNumTables];
+  std::unordered_map<uint32_t, GroupPtr> groups_;
+  std::unordered_map<uint64_t, uint16_t> tenant_index_;
+  std::vector<std::pair<std::string, uint64_t>> tenant_list_;  // index - 1
+  std::vector<std::unique_ptr<Worker>> workers_;
+  uint64_t next_seq_ = 1;
+  std::atomic<int64_t> warp_ns_{0};
+};
+
+}  // namespace dpu

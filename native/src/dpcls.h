@@ -1,0 +1,151 @@
+// dpcls.h: the two flow caches of one worker: the exact-match cache (EMC) and
+// the megaflow cache (tuple-space search over megaflow masks).
+//
+// Uses:  the datapath flow key and its hash (parse.h / flow_key.h).
+// Sets:  nothing in the packet; returns the Megaflow to execute.
+// Next:  on a megaflow miss, the upcall (xlate.h); else execute.cc.
+//
+// EMC: 8192 entries, two candidate slots per hash, full-key compare; filled
+// with probability 1/emc_insert_inv_prob (100 as OVS's default) so a flood of
+// short flows does not thrash it. Megaflow cache: one Subtable per distinct
+// mask (an open-addressing hash over only the mask's non-zero key words);
+// subtables are re-ordered by hit count every few thousand batches so the
+// busiest mask is probed first (as dpif-netdev's dpcls). Megaflows never
+// overlap in outcome, so the first hit wins.
+//
+// Each Megaflow owns its datapath actions and its xlate cache (the rules,
+// tables and groups it came from). Packet/byte counts are per megaflow,
+// written only by the owning worker and pushed to the rules by the control
+// thread (dataplane.cc, "stats push") under the worker's lock.
+//
+// Thread-safety: owned by one worker; the control thread reads it only while
+// holding that worker's mutex.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "dpu/dp_actions.h"
+#include "dpu/flow_key.h"
+#include "xlate.h"
+
+namespace dpu {
+
+struct Subtable;
+
+struct Megaflow {
+  uint64_t key[kKeyWords];   // masked
+  const Subtable* st = nullptr;
+  uint32_t hash = 0;
+  uint16_t tenant = 0;
+  DpActions actions;
+  std::vector<XcacheEntry> xcache;
+  std::atomic<uint64_t> n_packets{0}, n_bytes{0};
+  uint64_t pushed_packets = 0, pushed_bytes = 0;  // already credited to rules
+};
+
+struct Subtable {
+  uint64_t mask[kKeyWords];
+  uint8_t idx[kKeyWords];
+  uint8_t n_idx = 0;
+  struct Slot {
+    uint32_t hash;
+    Megaflow* mf;
+  };
+  std::vector<Slot> slots;  // power of two, at most half full
+  size_t n = 0;
+  uint64_t hits = 0;
+  std::vector<std::unique_ptr<Megaflow>> flows;
+
+  uint32_t hash_of(const uint64_t* k) const {
+    uint64_t h = 0x84222325cbf29ce4ull;
+    for (uint8_t i = 0; i < n_idx; i++) {
+      uint8_t j = idx[i];
+      h = mix128(h ^ (k[j] & mask[j]), 0x9e3779b97f4a7c15ull);
+    }
+    return static_cast<uint32_t>(h ^ (h >> 32));
+  }
+  Megaflow* find(const uint64_t* k, uint32_t h) const {
+    size_t m = slots.size() - 1;
+    for (size_t pos = h & m;; pos = (pos + 1) & m) {
+      const Slot& s = slots[pos];
+      if (!s.mf) return nullptr;
+      if (s.hash != h) continue;
+      bool eq = true;
+      for (uint8_t i = 0; i < n_idx && eq; i++) {
+        uint8_t j = idx[i];
+        eq = (k[j] & mask[j]) == s.mf->key[j];
+      }
+      if (eq) return s.mf;
+    }
+  }
+};
+
+class Dpcls {
+ public:
+  Megaflow* lookup(const uint64_t* key, uint32_t* probes) {
+    uint32_t n = 0;
+    for (Subtable* st : order_) {
+      n++;
+      uint32_t h = st->hash_of(key);
+      Megaflow* mf = st->find(key, h);
+      if (mf) {
+        st->hits++;
+        *probes += n;
+        return mf;
+      }
+    }
+    *probes += n;
+    return nullptr;
+  }
+  Megaflow* insert(const Flow& key, const Flow& wc, XlateOut&& x);
+  void clear();
+  void resort();
+  size_t size() const { return n_flows_; }
+  size_t n_subtables() const { return order_.size(); }
+  template <class F>
+  void for_each(F&& f) {
+    for (auto& st : subtables_)
+      for (auto& mf : st->flows) f(*mf, *st);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Subtable>> subtables_;
+  std::vector<Subtable*> order_;
+  size_t n_flows_ = 0;
+};
+
+class Emc {
+ public:
+  static constexpr uint32_t kEntries = 8192;
+  Emc() : e_(new Entry[kEntries]) { clear(); }
+  Megaflow* lookup(const Flow& key, uint32_t hash) const {
+    const Entry& a = e_[hash & (kEntries - 1)];
+    if (a.mf && a.hash == hash && std::memcmp(a.key, &key, kKeyBytes) == 0) return a.mf;
+    const Entry& b = e_[(hash >> 13) & (kEntries - 1)];
+    if (b.mf && b.hash == hash && std::memcmp(b.key, &key, kKeyBytes) == 0) return b.mf;
+    return nullptr;
+  }
+  void insert(const Flow& key, uint32_t hash, Megaflow* mf) {
+    Entry* a = &e_[hash & (kEntries - 1)];
+    Entry* b = &e_[(hash >> 13) & (kEntries - 1)];
+    Entry* t = (!a->mf || a->hash == hash) ? a : (!b->mf || b->hash == hash) ? b : ((hash >> 26) & 1) ? a : b;
+    std::memcpy(t->key, &key, kKeyBytes);
+    t->hash = hash;
+    t->mf = mf;
+  }
+  void clear() {
+    for (uint32_t i = 0; i < kEntries; i++) e_[i].mf = nullptr;
+  }
+
+ private:
+  struct Entry {
+    uint64_t key[kKeyWords];
+    uint32_t hash;
+    Megaflow* mf;
+  };
+  std::unique_ptr<Entry[]> e_;
+};
+
+}  // namespace dpu

@@ -1,0 +1,775 @@
+// ofparse.cc: ovs-ofctl flow/group text -> FlowSpec / Group (see ofparse.h).
+//
+// The text is split into items at commas and blanks outside parentheses; an
+// item is `key`, `key=value`, `key:value` or `key(value)`. Everything after
+// `actions=` is the action list. Every error carries the offending token and
+// its 0-based character position in the line.
+//
+// Pure functions; any thread.
+#include "dpu/ofparse.h"
+
+#include <cctype>
+#include <cstring>
+
+namespace dpu {
+namespace {
+
+struct Item {
+  std::string_view key, value;
+  int pos = 0, value_pos = 0;  // positions in the line
+  bool has_value = false;
+  bool parens = false;         // key(value)
+  std::string_view whole;
+};
+
+// Splits `s` (which starts at line offset `base`) into items.
+Status split_items(std::string_view s, int base, std::vector<Item>* out) {
+  size_t i = 0;
+  while (i < s.size()) {
+    while (i < s.size() && (s[i] == ',' || std::isspace(static_cast<unsigned char>(s[i])))) i++;
+    if (i >= s.size()) break;
+    size_t start = i;
+    int depth = 0;
+    size_t key_end = std::string_view::npos;
+    char kind = 0;
+    for (; i < s.size(); i++) {
+      char c = s[i];
+      if (depth == 0 && (c == ',' || std::isspace(static_cast<unsigned char>(c)))) break;
+      if (key_end == std::string_view::npos && (c == '=' || c == ':' || c == '(')) {
+        key_end = i;
+        kind = c;
+      }
+      if (c == '(') depth++;
+      if (c == ')') {
+        if (depth == 0)
+          return Status::At(Err::PARSE, "unbalanced ')'", std::string(s.substr(start, i - start + 1)),
+                            base + static_cast<int>(i));
+        depth--;
+      }
+    }
+    if (depth != 0)
+      return Status::At(Err::PARSE, "unbalanced '('", std::string(s.substr(start, i - start)),
+                        base + static_cast<int>(start));
+    Item it;
+    it.whole = s.substr(start, i - start);
+    it.pos = base + static_cast<int>(start);
+    if (key_end == std::string_view::npos) {
+      it.key = it.whole;
+    } else {
+      it.key = s.substr(start, key_end - start);
+      it.has_value = true;
+      size_t vstart = key_end + 1;
+      size_t vend = i;
+      if (kind == '(') {
+        it.parens = true;
+        if (s[i - 1] != ')')
+          return Status::At(Err::PARSE, "text after ')'", std::string(it.whole), it.pos);
+        vend = i - 1;
+      }
+      it.value = s.substr(vstart, vend - vstart);
+      it.value_pos = base + static_cast<int>(vstart);
+    }
+    out->push_back(it);
+  }
+  return Status::Ok();
+}
+
+Status err_at(Err code, const std::string& msg, std::string_view tok, int pos) {
+  return Status::At(code, msg, std::string(tok), pos);
+}
+
+// Re-anchors an error from a value parser at the value's position.
+Status at_value(Status s, const Item& it) {
+  if (s.ok()) return s;
+  s.token = std::string(it.value);
+  s.position = it.value_pos;
+  return s;
+}
+
+bool parse_u(std::string_view s, int bits, uint64_t* out) {
+  u128 v;
+  if (!parse_uint(s, bits, &v)) return false;
+  *out = static_cast<uint64_t>(v);
+  return true;
+}
+
+// Sets a field in a match, refusing contradictions with what is already there.
+Status match_set(Match& m, const FieldDef& f, u128 value, u128 mask, const Item& it) {
+  u128 old_mask = field_get(m.mask, f);
+  u128 old_val = field_get(m.value, f);
+  u128 both = old_mask & mask;
+  if ((old_val & both) != (value & both))
+    return err_at(Err::PARSE, std::string(f.name) + " contradicts an earlier field or protocol in this flow",
+                  it.whole, it.pos);
+  field_set_masked(m.value, f, value & mask, mask);
+  field_set_masked(m.mask, f, mask | old_mask, mask | old_mask);
+  return Status::Ok();
+}
+
+struct Shorthand {
+  const char* name;
+  uint16_t dl_type;
+  int nw_proto;  // -1: none
+};
+const Shorthand kShorthands[] = {
+    {"ip", kEthIp, -1},        {"ipv6", kEthIpv6, -1},       {"arp", kEthArp, -1},
+    {"tcp", kEthIp, kIpTcp},   {"udp", kEthIp, kIpUdp},      {"icmp", kEthIp, kIpIcmp},
+    {"sctp", kEthIp, kIpSctp}, {"tcp6", kEthIpv6, kIpTcp},   {"udp6", kEthIpv6, kIpUdp},
+    {"icmp6", kEthIpv6, kIpIcmpv6}, {"sctp6", kEthIpv6, kIpSctp},
+};
+
+const char* const kUnsupportedActions[] = {
+    "normal", "controller", "local", "ct", "nat", "meter", "learn", "enqueue", "set_queue",
+    "clone", "conjunction", "exit", "multipath", "bundle", "bundle_load", "encap", "decap",
+    "check_pkt_larger", "sample", "fin_timeout", "set_tunnel", "set_tunnel64", "pop_queue",
+    "output_reg", "push_mpls", "pop_mpls", "ct_clear", "dec_mpls_ttl", "set_mpls_label",
+    "controller", "trunc", "stack_push", "stack_pop", "delete_field"};
+
+// NAME[], NAME[n], NAME[a..b]
+Status parse_subfield(std::string_view s, int pos, const FieldDef** f, uint16_t* ofs, uint16_t* n) {
+  size_t lb = s.find('[');
+  if (lb == std::string_view::npos || s.back() != ']')
+    return err_at(Err::PARSE, "expected a subfield like NXM_NX_REG0[] or reg0[0..15]", s, pos);
+  std::string_view name = s.substr(0, lb);
+  std::string_view range = s.substr(lb + 1, s.size() - lb - 2);
+  const FieldDef* fd = field_by_name(name);
+  if (!fd) return err_at(Err::UNKNOWN_FIELD, "unknown field '" + std::string(name) + "'", name, pos);
+  uint64_t a = 0, b = fd->n_bits - 1;
+  if (!range.empty()) {
+    size_t dots = range.find("..");
+    if (dots == std::string_view::npos) {
+      if (!parse_u(range, 16, &a)) return err_at(Err::PARSE, "bad bit index", range, pos);
+      b = a;
+    } else if (!parse_u(range.substr(0, dots), 16, &a) || !parse_u(range.substr(dots + 2), 16, &b)) {
+      return err_at(Err::PARSE, "bad bit range", range, pos);
+    }
+  }
+  if (a > b || b >= fd->n_bits)
+    return err_at(Err::BAD_VALUE,
+                  "bits " + std::to_string(a) + ".." + std::to_string(b) + " are outside " + fd->name +
+                      " (" + std::to_string(fd->n_bits) + " bits)",
+                  s, pos);
+  *f = fd;
+  *ofs = static_cast<uint16_t>(a);
+  *n = static_cast<uint16_t>(b - a + 1);
+  return Status::Ok();
+}
+
+Status parse_port_arg(std::string_view s, int pos, const PortNames* ports, uint32_t* out) {
+  if (s == "in_port" || s == "IN_PORT") {
+    *out = kPortInPort;
+    return Status::Ok();
+  }
+  uint64_t n;
+  if (parse_u(s, 32, &n) && n > 0) {
+    if (ports && ports->port_name(static_cast<uint32_t>(n)).empty())
+      return err_at(Err::UNKNOWN_PORT, "unknown port " + std::string(s), s, pos);
+    *out = static_cast<uint32_t>(n);
+    return Status::Ok();
+  }
+  uint32_t p = ports ? ports->port_number(s) : 0;
+  if (!p) return err_at(Err::UNKNOWN_PORT, "unknown port '" + std::string(s) + "'", s, pos);
+  *out = p;
+  return Status::Ok();
+}
+
+Status parse_one_action(const Item& it, const PortNames* ports, uint8_t table, OfAction* a) {
+  std::string_view k = it.key, v = it.value;
+  auto need_value = [&]() -> Status {
+    if (!it.has_value || v.empty())
+      return err_at(Err::PARSE, "action '" + std::string(k) + "' needs an argument", it.whole, it.pos);
+    return Status::Ok();
+  };
+  auto no_value = [&]() -> Status {
+    if (it.has_value)
+      return err_at(Err::PARSE, "action '" + std::string(k) + "' takes no argument", it.whole, it.pos);
+    return Status::Ok();
+  };
+  auto mod = [&](OfAct t, FieldId fid) -> Status {
+    Status s = need_value();
+    if (!s.ok()) return s;
+    a->type = t;
+    a->field = fid;
+    const FieldDef& f = field_def(fid);
+    u128 m;
+    s = parse_field_value(f, v, ports, &a->value, &m, false);
+    if (!s.ok()) return at_value(s, it);
+    a->mask = field_all_ones(f);
+    return Status::Ok();
+  };
+
+  if (k == "output") {
+    Status s = need_value();
+    if (!s.ok()) return s;
+    std::string_view pv = v;
+    int ppos = it.value_pos;
+    if (it.parens) {  // output(port=X[,max_len=N])
+      std::vector<Item> sub;
+      s = split_items(v, it.value_pos, &sub);
+      if (!s.ok()) return s;
+      pv = {};
+      for (const Item& x : sub) {
+        if (x.key == "port") {
+          pv = x.value;
+          ppos = x.value_pos;
+        } else {
+          return err_at(Err::PARSE, "output(): only port= is supported", x.whole, x.pos);
+        }
+      }
+      if (pv.empty()) return err_at(Err::PARSE, "output() needs port=", it.whole, it.pos);
+    }
+    if (pv.find('[') != std::string_view::npos)
+      return err_at(Err::PARSE, "output to a field value is not supported", pv, ppos);
+    a->type = OfAct::OUTPUT;
+    s = parse_port_arg(pv, ppos, ports, &a->port);
+    if (s.ok() && a->port == kPortInPort) a->type = OfAct::IN_PORT;
+    return s;
+  }
+  if (k == "in_port") { a->type = OfAct::IN_PORT; return no_value(); }
+  if (k == "flood") { a->type = OfAct::FLOOD; return no_value(); }
+  if (k == "all") { a->type = OfAct::ALL; return no_value(); }
+  if (k == "drop") {
+    a->type = OfAct::DROP;
+    a->arg = 0;
+    if (!it.has_value) return Status::Ok();
+    int r = drop_reason_by_name(v);
+    if (r <= 0)
+      return err_at(Err::PARSE, "unknown drop reason '" + std::string(v) + "'", v, it.value_pos);
+    a->arg = static_cast<uint32_t>(r);
+    return Status::Ok();
+  }
+  if (k == "dec_ttl") {
+    a->type = OfAct::DEC_TTL;
+    if (it.has_value && !it.parens) return no_value();
+    return Status::Ok();  // dec_ttl(ids) accepted; the controller ids are irrelevant here
+  }
+  if (k == "pop_vlan") { a->type = OfAct::POP_VLAN; return no_value(); }
+  if (k == "strip_vlan") { a->type = OfAct::STRIP_VLAN; return no_value(); }
+  if (k == "mod_dl_src") return mod(OfAct::MOD_DL_SRC, FieldId::DL_SRC);
+  if (k == "mod_dl_dst") return mod(OfAct::MOD_DL_DST, FieldId::DL_DST);
+  if (k == "mod_nw_src") return mod(OfAct::MOD_NW_SRC, FieldId::NW_SRC);
+  if (k == "mod_nw_dst") return mod(OfAct::MOD_NW_DST, FieldId::NW_DST);
+  if (k == "mod_nw_tos") return mod(OfAct::MOD_NW_TOS, FieldId::NW_TOS);
+  if (k == "mod_tp_src") return mod(OfAct::MOD_TP_SRC, FieldId::TP_SRC);
+  if (k == "mod_tp_dst") return mod(OfAct::MOD_TP_DST, FieldId::TP_DST);
+  if (k == "mod_vlan_vid" || k == "mod_vlan_pcp") {
+    Status s = need_value();
+    if (!s.ok()) return s;
+    bool vid = k == "mod_vlan_vid";
+    uint64_t n;
+    if (!parse_u(v, vid ? 12 : 3, &n))
+      return err_at(Err::BAD_VALUE, vid ? "VLAN id must be 0..4095" : "VLAN priority must be 0..7", v,
+                    it.value_pos);
+    a->type = vid ? OfAct::MOD_VLAN_VID : OfAct::MOD_VLAN_PCP;
+    a->arg = static_cast<uint32_t>(n);
+    return Status::Ok();
+  }
+  if (k == "push_vlan") {
+    Status s = need_value();
+    if (!s.ok()) return s;
+    uint64_t n;
+    if (!parse_u(v, 16, &n) || (n != kEthVlan && n != kEthQinQ))
+      return err_at(Err::BAD_VALUE, "push_vlan takes 0x8100 or 0x88a8", v, it.value_pos);
+    a->type = OfAct::PUSH_VLAN;
+    a->arg = static_cast<uint32_t>(n);
+    return Status::Ok();
+  }
+  if (k == "goto_table") {
+    Status s = need_value();
+    if (!s.ok()) return s;
+    uint64_t n;
+    if (!parse_u(v, 16, &n) || n >= kNumTables)
+      return err_at(Err::UNKNOWN_TABLE, "table " + std::string(v) + " out of range (0..254)", v, it.value_pos);
+    if (n <= table)
+      return err_at(Err::PARSE, "goto_table must go to a later table than " + std::to_string(table) +
+                                    " (use resubmit to go back)",
+                    v, it.value_pos);
+    a->type = OfAct::GOTO_TABLE;
+    a->arg = static_cast<uint32_t>(n);
+    return Status::Ok();
+  }
+  if (k == "resubmit") {
+    Status s = need_value();
+    if (!s.ok()) return s;
+    a->type = OfAct::RESUBMIT;
+    a->port = kPortInPort;
+    a->arg = kTableCurrent;
+    std::string_view port_s = v, table_s;
+    int table_pos = it.value_pos;
+    if (it.parens) {
+      size_t comma = v.find(',');
+      if (comma == std::string_view::npos)
+        return err_at(Err::PARSE, "resubmit(port,table) needs a comma", it.whole, it.pos);
+      port_s = v.substr(0, comma);
+      table_s = v.substr(comma + 1);
+      table_pos = it.value_pos + static_cast<int>(comma) + 1;
+      if (table_s.find(',') != std::string_view::npos)
+        return err_at(Err::PARSE, "resubmit takes (port,table) only", it.whole, it.pos);
+    }
+    if (!port_s.empty()) {
+      s = parse_port_arg(port_s, it.value_pos, ports, &a->port);
+      if (!s.ok()) return s;
+    }
+    if (!table_s.empty()) {
+      uint64_t n;
+      if (!parse_u(table_s, 16, &n) || n >= kNumTables)
+        return err_at(Err::UNKNOWN_TABLE, "table " + std::string(table_s) + " out of range (0..254)", table_s,
+                      table_pos);
+      a->arg = static_cast<uint32_t>(n);
+    }
+    if (port_s.empty() && table_s.empty())
+      return err_at(Err::PARSE, "resubmit needs a port or a table", it.whole, it.pos);
+    return Status::Ok();
+  }
+  if (k == "write_metadata") {
+    Status s = need_value();
+    if (!s.ok()) return s;
+    a->type = OfAct::WRITE_METADATA;
+    a->field = FieldId::METADATA;
+    s = parse_field_value(field_def(FieldId::METADATA), v, ports, &a->value, &a->mask, true);
+    return at_value(s, it);
+  }
+  if (k == "note") {
+    a->type = OfAct::NOTE;
+    std::string hex;
+    for (char c : v)
+      if (c != '.') hex += c;
+    if (hex.size() % 2) return err_at(Err::PARSE, "note takes hex bytes (00.11.22)", v, it.value_pos);
+    for (size_t i = 0; i < hex.size(); i += 2) {
+      u128 b;
+      if (!parse_uint("0x" + hex.substr(i, 2), 8, &b))
+        return err_at(Err::PARSE, "note takes hex bytes (00.11.22)", v, it.value_pos);
+      a->note.push_back(static_cast<uint8_t>(b));
+    }
+    return Status::Ok();
+  }
+  if (k == "group") {
+    Status s = need_value();
+    if (!s.ok()) return s;
+    uint64_t n;
+    if (!parse_u(v, 32, &n) || n >= kGroupNone)
+      return err_at(Err::BAD_VALUE, "bad group id", v, it.value_pos);
+    a->type = OfAct::GROUP;
+    a->arg = static_cast<uint32_t>(n);
+    return Status::Ok();
+  }
+  if (k == "set_field" || k == "load" || k == "move") {
+    Status s = need_value();
+    if (!s.ok()) return s;
+    size_t arrow = v.find("->");
+    if (arrow == std::string_view::npos)
+      return err_at(Err::PARSE, std::string(k) + " needs 'source->destination'", it.whole, it.pos);
+    std::string_view src = v.substr(0, arrow), dst = v.substr(arrow + 2);
+    int src_pos = it.value_pos, dst_pos = it.value_pos + static_cast<int>(arrow) + 2;
+    if (k == "set_field") {
+      const FieldDef* f = field_by_name(dst);
+      if (!f) return err_at(Err::UNKNOWN_FIELD, "unknown field '" + std::string(dst) + "'", dst, dst_pos);
+      if (!f->writable)
+        return err_at(Err::BAD_VALUE, std::string(f->name) + " cannot be written", dst, dst_pos);
+      a->type = OfAct::SET_FIELD;
+      a->field = f->id;
+      s = parse_field_value(*f, src, ports, &a->value, &a->mask, true);
+      if (!s.ok()) {
+        s.token = std::string(src);
+        s.position = src_pos;
+      }
+      return s;
+    }
+    const FieldDef* df;
+    s = parse_subfield(dst, dst_pos, &df, &a->ofs, &a->n_bits);
+    if (!s.ok()) return s;
+    if (!df->writable) return err_at(Err::BAD_VALUE, std::string(df->name) + " cannot be written", dst, dst_pos);
+    a->field = df->id;
+    if (k == "load") {
+      a->type = OfAct::LOAD;
+      u128 val;
+      if (!parse_uint(src, a->n_bits, &val))
+        return err_at(Err::BAD_VALUE,
+                      "'" + std::string(src) + "' does not fit in " + std::to_string(a->n_bits) + " bits", src,
+                      src_pos);
+      a->value = val;
+      return Status::Ok();
+    }
+    a->type = OfAct::MOVE;
+    const FieldDef* sf;
+    uint16_t sn;
+    s = parse_subfield(src, src_pos, &sf, &a->src_ofs, &sn);
+    if (!s.ok()) return s;
+    if (sn != a->n_bits)
+      return err_at(Err::BAD_VALUE,
+                    "move source has " + std::to_string(sn) + " bits, destination " + std::to_string(a->n_bits),
+                    it.whole, it.pos);
+    a->src_field = sf->id;
+    return Status::Ok();
+  }
+  for (const char* u : kUnsupportedActions) {
+    if (k == u)
+      return err_at(Err::PARSE, "action '" + std::string(k) + "' is not supported by dpu", it.whole, it.pos);
+  }
+  // A bare port name or number is an output.
+  if (!it.has_value) {
+    a->type = OfAct::OUTPUT;
+    Status s = parse_port_arg(k, it.pos, ports, &a->port);
+    if (s.ok()) return s;
+  }
+  return err_at(Err::PARSE, "unknown action '" + std::string(k) + "'", it.whole, it.pos);
+}
+
+// Write actions with prerequisites need the match to guarantee them (as OVS's
+// ofpacts_check for set_field/load/move); the OF1.0-style mod_* actions are
+// instead skipped at translation time for packets that lack the header.
+Status check_action_prereqs(const std::vector<OfAction>& acts, const std::vector<int>& pos,
+                            const Match* m) {
+  if (!m) return Status::Ok();
+  for (size_t i = 0; i < acts.size(); i++) {
+    const OfAction& a = acts[i];
+    if (a.type != OfAct::SET_FIELD && a.type != OfAct::LOAD && a.type != OfAct::MOVE) continue;
+    const FieldDef& f = field_def(a.field);
+    if (!prereq_met(f.prereq, m->value, &m->mask))
+      return Status::At(Err::PARSE,
+                        std::string("writing ") + f.name + " needs the flow to match " + prereq_text(f.prereq),
+                        f.name, pos[i]);
+    if (a.type == OfAct::MOVE) {
+      const FieldDef& sf = field_def(a.src_field);
+      if (!prereq_met(sf.prereq, m->value, &m->mask))
+        return Status::At(Err::PARSE,
+                          std::string("reading ") + sf.name + " needs the flow to match " + prereq_text(sf.prereq),
+                          sf.name, pos[i]);
+    }
+  }
+  return Status::Ok();
+}
+
+Status parse_actions_impl(std::string_view text, int base, const PortNames* ports, uint8_t table,
+                          std::vector<OfAction>* out, std::vector<int>* positions) {
+  std::vector<Item> items;
+  Status s = split_items(text, base, &items);
+  if (!s.ok()) return s;
+  bool saw_goto = false;
+  for (const Item& it : items) {
+    OfAction a;
+    s = parse_one_action(it, ports, table, &a);
+    if (!s.ok()) return s;
+    if (saw_goto)
+      return err_at(Err::PARSE, "goto_table must be the last action", it.whole, it.pos);
+    if (a.type == OfAct::GOTO_TABLE) saw_goto = true;
+    if (a.type == OfAct::DROP) {
+      if (items.size() != 1)
+        return err_at(Err::PARSE, "drop must be the only action", it.whole, it.pos);
+      if (a.arg == 0) return Status::Ok();  // plain drop: empty action list
+    }
+    a.pos = it.pos;
+    out->push_back(a);
+    positions->push_back(it.pos);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status parse_actions(std::string_view text, int base_pos, const PortNames* ports, uint8_t table,
+                     std::vector<OfAction>* out) {
+  std::vector<int> pos;
+  return parse_actions_impl(text, base_pos, ports, table, out, &pos);
+}
+
+// Finds "actions=" (or "action=") at an item boundary.
+static size_t find_actions(std::string_view s, size_t* value_start) {
+  for (const char* kw : {"actions=", "action=", "actions:"}) {
+    size_t n = std::strlen(kw);
+    for (size_t p = s.find(kw); p != std::string_view::npos; p = s.find(kw, p + 1)) {
+      if (p == 0 || s[p - 1] == ',' || std::isspace(static_cast<unsigned char>(s[p - 1]))) {
+        *value_start = p + n;
+        return p;
+      }
+    }
+  }
+  return std::string_view::npos;
+}
+
+Status parse_flow(std::string_view text, FlowCmd cmd, const PortNames* ports, FlowSpec* out) {
+  *out = FlowSpec();
+  size_t act_start = 0;
+  size_t act_kw = find_actions(text, &act_start);
+  std::string_view match_text = act_kw == std::string_view::npos ? text : text.substr(0, act_kw);
+  std::vector<Item> items;
+  Status s = split_items(match_text, 0, &items);
+  if (!s.ok()) return s;
+
+  struct Named {
+    const FieldDef* f;
+    const Item* it;
+  };
+  std::vector<Named> named;
+  Match& m = out->match;
+  for (const Item& it : items) {
+    std::string_view k = it.key;
+    auto num = [&](int bits, uint64_t* v) -> Status {
+      if (!it.has_value || !parse_u(it.value, bits, v))
+        return err_at(Err::BAD_VALUE, std::string(k) + " needs a number of at most " + std::to_string(bits) + " bits",
+                      it.whole, it.pos);
+      return Status::Ok();
+    };
+    if (k == "table") {
+      uint64_t t;
+      if (it.value == "all" || it.value == "255") {
+        if (cmd == FlowCmd::ADD || cmd == FlowCmd::MODIFY)
+          return err_at(Err::UNKNOWN_TABLE, "a flow must name one table (0..254)", it.whole, it.pos);
+        continue;
+      }
+      if (!it.has_value || !parse_u(it.value, 32, &t) || t >= kNumTables)
+        return err_at(Err::UNKNOWN_TABLE, "table '" + std::string(it.value) + "' out of range (0..254)",
+                      it.whole, it.pos);
+      out->has_table = true;
+      out->table = static_cast<uint8_t>(t);
+      continue;
+    }
+    if (k == "priority") {
+      uint64_t p;
+      s = num(16, &p);
+      if (!s.ok()) return s;
+      out->has_priority = true;
+      out->priority = static_cast<uint16_t>(p);
+      continue;
+    }
+    if (k == "cookie") {
+      std::string_view v = it.value, mk;
+      size_t slash = v.find('/');
+      if (slash != std::string_view::npos) {
+        mk = v.substr(slash + 1);
+        v = v.substr(0, slash);
+      }
+      uint64_t c, cm = ~0ull;
+      if (!it.has_value || !parse_u(v, 64, &c) || (!mk.empty() && !parse_u(mk, 64, &cm)))
+        return err_at(Err::BAD_VALUE, "cookie needs a 64-bit number", it.whole, it.pos);
+      if (!mk.empty() && cmd == FlowCmd::ADD)
+        return err_at(Err::PARSE, "a cookie mask only selects flows (del/mod/dump)", it.whole, it.pos);
+      out->cookie = c;
+      out->cookie_mask = cm;
+      continue;
+    }
+    if (k == "idle_timeout" || k == "hard_timeout") {
+      uint64_t t;
+      s = num(16, &t);
+      if (!s.ok()) return s;
+      if (t != 0)
+        return err_at(Err::PARSE, std::string(k) + ": flow expiry is not supported (only 0)", it.whole, it.pos);
+      continue;
+    }
+    if (k == "out_port") {
+      if (cmd == FlowCmd::ADD) return err_at(Err::PARSE, "out_port only selects flows", it.whole, it.pos);
+      s = parse_port_arg(it.value, it.value_pos, ports, &out->out_port);
+      if (!s.ok()) return s;
+      continue;
+    }
+    if (k == "out_group") {
+      uint64_t g;
+      s = num(32, &g);
+      if (!s.ok()) return s;
+      out->out_group = static_cast<uint32_t>(g);
+      continue;
+    }
+    bool shorthand = false;
+    for (const Shorthand& sh : kShorthands) {
+      if (k == sh.name && !it.has_value) {
+        s = match_set(m, field_def(FieldId::DL_TYPE), sh.dl_type, 0xffff, it);
+        if (!s.ok()) return s;
+        if (sh.nw_proto >= 0) {
+          s = match_set(m, field_def(FieldId::NW_PROTO), static_cast<u128>(sh.nw_proto), 0xff, it);
+          if (!s.ok()) return s;
+        }
+        shorthand = true;
+      }
+    }
+    if (shorthand) continue;
+    const FieldDef* f = field_by_name(k);
+    if (!f) {
+      if (k == "recirc_id")
+        return err_at(Err::UNKNOWN_FIELD, "recirc_id is datapath-internal and cannot be matched", it.key, it.pos);
+      return err_at(Err::UNKNOWN_FIELD, "unknown field '" + std::string(k) + "'", it.key, it.pos);
+    }
+    if (!it.has_value || it.value.empty())
+      return err_at(Err::PARSE, std::string(k) + " needs a value (" + std::string(k) + "=...)", it.whole, it.pos);
+    u128 v, mk;
+    if (f->id == FieldId::DL_VLAN) {
+      uint64_t vid;
+      if (!parse_u(it.value, 16, &vid) || (vid > 4095 && vid != 0xffff))
+        return err_at(Err::BAD_VALUE, "dl_vlan must be 0..4095, or 0xffff for no VLAN", it.value, it.value_pos);
+      const FieldDef& tci = field_def(FieldId::VLAN_TCI);
+      if (vid == 0xffff) s = match_set(m, tci, 0, 0xffff, it);
+      else s = match_set(m, tci, kVlanPresent | vid, kVlanPresent | 0x0fff, it);
+      if (!s.ok()) return s;
+      named.push_back({f, &it});
+      continue;
+    }
+    if (f->id == FieldId::DL_VLAN_PCP) {
+      uint64_t pcp;
+      if (!parse_u(it.value, 3, &pcp))
+        return err_at(Err::BAD_VALUE, "dl_vlan_pcp must be 0..7", it.value, it.value_pos);
+      s = match_set(m, field_def(FieldId::VLAN_TCI), kVlanPresent | (pcp << 13), kVlanPresent | 0xe000, it);
+      if (!s.ok()) return s;
+      named.push_back({f, &it});
+      continue;
+    }
+    s = parse_field_value(*f, it.value, ports, &v, &mk, false);
+    if (!s.ok()) return at_value(s, it);
+    s = match_set(m, *f, v, mk, it);
+    if (!s.ok()) return s;
+    named.push_back({f, &it});
+  }
+  // Prerequisites (as ovs-ofctl: a field needs its protocol in the same flow).
+  for (const Named& n : named) {
+    if (!prereq_met(n.f->prereq, m.value, &m.mask))
+      return err_at(Err::PARSE,
+                    std::string(n.f->name) + " requires the flow to match " + prereq_text(n.f->prereq) +
+                        " first (e.g. add '" +
+                        (n.f->prereq == Prereq::ARP ? "arp" : n.f->prereq == Prereq::IPV6 ? "ipv6"
+                         : n.f->prereq == Prereq::TCP ? "tcp" : n.f->prereq == Prereq::UDP ? "udp"
+                         : n.f->prereq == Prereq::ICMP ? "icmp" : n.f->prereq == Prereq::ICMPV6 ? "icmp6"
+                         : n.f->prereq == Prereq::L4 ? "tcp" : n.f->prereq == Prereq::VLAN ? "dl_vlan=..." : "ip") +
+                        "')",
+                    n.it->whole, n.it->pos);
+  }
+
+  if (act_kw == std::string_view::npos) {
+    if (cmd == FlowCmd::ADD || cmd == FlowCmd::MODIFY)
+      return Status::At(Err::PARSE, "must specify actions (actions=...; actions=drop to drop)", "", static_cast<int>(text.size()));
+    return Status::Ok();
+  }
+  if (cmd == FlowCmd::DELETE || cmd == FlowCmd::MATCH_ONLY)
+    return Status::At(Err::PARSE, "actions are not allowed when selecting flows", "actions", static_cast<int>(act_kw));
+  out->has_actions = true;
+  std::vector<int> pos;
+  s = parse_actions_impl(text.substr(act_start), static_cast<int>(act_start), ports, out->table, &out->actions,
+                         &pos);
+  if (!s.ok()) return s;
+  return check_action_prereqs(out->actions, pos, &out->match);
+}
+
+Status parse_group(std::string_view text, bool need_buckets, const PortNames* ports, Group* g) {
+  // Split at "bucket=" boundaries.
+  std::vector<std::pair<size_t, size_t>> parts;  // [start, end) of each bucket body
+  size_t first = std::string_view::npos;
+  for (size_t p = text.find("bucket="); p != std::string_view::npos; p = text.find("bucket=", p + 1)) {
+    if (p == 0 || text[p - 1] == ',' || std::isspace(static_cast<unsigned char>(text[p - 1]))) {
+      if (first == std::string_view::npos) first = p;
+      if (!parts.empty()) parts.back().second = p;
+      parts.push_back({p + 7, text.size()});
+    }
+  }
+  std::string_view head = first == std::string_view::npos ? text : text.substr(0, first);
+  std::vector<Item> items;
+  Status s = split_items(head, 0, &items);
+  if (!s.ok()) return s;
+  bool has_id = false, has_type = false;
+  for (const Item& it : items) {
+    if (it.key == "group_id") {
+      uint64_t id;
+      if (!parse_u(it.value, 32, &id) || id >= kGroupNone)
+        return err_at(Err::BAD_VALUE, "group_id needs a number below 0xffffffff", it.whole, it.pos);
+      g->group_id = static_cast<uint32_t>(id);
+      has_id = true;
+    } else if (it.key == "type") {
+      if (it.value == "all") g->type = GroupType::ALL;
+      else if (it.value == "select") g->type = GroupType::SELECT;
+      else if (it.value == "indirect") g->type = GroupType::INDIRECT;
+      else
+        return err_at(Err::BAD_VALUE, "group type must be all, select or indirect", it.value, it.value_pos);
+      has_type = true;
+    } else if (it.key == "selection_method") {
+      if (it.value != "hash")
+        return err_at(Err::BAD_VALUE, "only selection_method=hash (the 5-tuple hash) is supported", it.value,
+                      it.value_pos);
+    } else {
+      return err_at(Err::PARSE, "unknown group property '" + std::string(it.key) + "'", it.whole, it.pos);
+    }
+  }
+  if (!has_id) return Status::At(Err::PARSE, "group_id= is required", "", 0);
+  if (!need_buckets) return Status::Ok();
+  if (!has_type) return Status::At(Err::PARSE, "type= is required (all, select, indirect)", "", 0);
+  uint32_t next_id = 0;
+  for (auto& part : parts) {
+    std::string_view body = text.substr(part.first, part.second - part.first);
+    int base = static_cast<int>(part.first);
+    Bucket b;
+    b.bucket_id = next_id++;
+    // Leading bucket properties, then the actions (with or without "actions=").
+    size_t act_start = 0;
+    size_t act_kw = find_actions(body, &act_start);
+    std::string_view props = act_kw == std::string_view::npos ? std::string_view() : body.substr(0, act_kw);
+    std::string_view acts = act_kw == std::string_view::npos ? body : body.substr(act_start);
+    int acts_base = base + static_cast<int>(act_kw == std::string_view::npos ? 0 : act_start);
+    if (act_kw == std::string_view::npos) {
+      // weight:N / bucket_id:N may lead the list of actions.
+      std::vector<Item> its;
+      s = split_items(body, base, &its);
+      if (!s.ok()) return s;
+      size_t skip = 0;
+      for (const Item& it : its) {
+        if (it.key != "weight" && it.key != "bucket_id" && it.key != "watch_port" && it.key != "watch_group")
+          break;
+        skip = static_cast<size_t>(it.pos - base) + it.whole.size();
+      }
+      props = body.substr(0, skip);
+      acts = body.substr(skip);
+      acts_base = base + static_cast<int>(skip);
+    }
+    std::vector<Item> its;
+    s = split_items(props, base, &its);
+    if (!s.ok()) return s;
+    for (const Item& it : its) {
+      uint64_t n;
+      if (it.key == "weight") {
+        if (!parse_u(it.value, 16, &n)) return err_at(Err::BAD_VALUE, "weight must be 0..65535", it.whole, it.pos);
+        b.weight = static_cast<uint32_t>(n);
+      } else if (it.key == "bucket_id") {
+        if (!parse_u(it.value, 32, &n)) return err_at(Err::BAD_VALUE, "bad bucket_id", it.whole, it.pos);
+        b.bucket_id = static_cast<uint32_t>(n);
+        next_id = b.bucket_id + 1;
+      } else if (it.key == "watch_port" || it.key == "watch_group") {
+        continue;  // liveness is not modelled: every bucket is live
+      } else {
+        return err_at(Err::PARSE, "unknown bucket property '" + std::string(it.key) + "'", it.whole, it.pos);
+      }
+    }
+    std::vector<int> pos;
+    s = parse_actions_impl(acts, acts_base, ports, 0, &b.actions, &pos);
+    if (!s.ok()) return s;
+    for (const OfAction& a : b.actions) {
+      if (a.type == OfAct::GOTO_TABLE)
+        return Status::At(Err::PARSE, "goto_table is not allowed in a group bucket", "goto_table", acts_base);
+    }
+    g->buckets.push_back(std::move(b));
+  }
+  if (g->type == GroupType::INDIRECT && g->buckets.size() != 1)
+    return Status::At(Err::PARSE, "an indirect group has exactly one bucket", "", 0);
+  g->total_weight = 0;
+  for (const Bucket& b : g->buckets) g->total_weight += g->type == GroupType::SELECT ? b.weight : 0;
+  if (g->type == GroupType::SELECT && !g->buckets.empty() && g->total_weight == 0)
+    return Status::At(Err::BAD_VALUE, "a select group needs a bucket with a non-zero weight", "", 0);
+  return Status::Ok();
+}
+
+// ---- drop reasons ------------------------------------------------------------
+namespace {
+struct DropInfo {
+  const char* name;
+  const char* help;
+};
+const DropInfo kDrops[] = {
+#define DPU_DROP(e, n, h) {n, h},
+#include "dpu/drop_reasons.def"
+#undef DPU_DROP
+};
+}  // namespace
+
+int drop_reason_by_name(std::string_view name) {
+  for (int i = 0; i < drop_reason_count(); i++)
+    if (name == kDrops[i].name) return i;
+  return -1;
+}
+const char* drop_reason_name(int r) { return r >= 0 && r < drop_reason_count() ? kDrops[r].name : "?"; }
+const char* drop_reason_help(int r) { return r >= 0 && r < drop_reason_count() ? kDrops[r].help : "?"; }
+int drop_reason_count() { return static_cast<int>(sizeof(kDrops) / sizeof(kDrops[0])); }
+
+}  // namespace dpu

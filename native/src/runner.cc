@@ -1,0 +1,254 @@
+// runner.cc: in-memory processing, the benchmark loop and pcap replay (see
+// runner.h).
+#include "runner.h"
+
+#include <chrono>
+#include <cstring>
+
+namespace dpu {
+namespace {
+
+class CaptureSink : public PortSink {
+ public:
+  explicit CaptureSink(MemOutput* out, const uint32_t* index_of) : out_(out), index_of_(index_of) {}
+  void send(uint32_t port, Packet* const* pkts, uint32_t n) override {
+    for (uint32_t i = 0; i < n; i++) {
+      const Packet* p = pkts[i];
+      MemPacket m;
+      m.port = port;
+      m.index = index_of_[p->origin];
+      m.ts_ns = p->md.timestamp_ns;
+      m.offset = static_cast<uint32_t>(out_->data.size());
+      m.len = p->len;
+      out_->data.insert(out_->data.end(), p->data(), p->data() + p->len);
+      out_->pkts.push_back(m);
+    }
+  }
+
+ private:
+  MemOutput* out_;
+  const uint32_t* index_of_;
+};
+
+class CountSink : public PortSink {
+ public:
+  void send(uint32_t, Packet* const*, uint32_t n) override { count += n; }
+  uint64_t count = 0;
+};
+
+// Counts a packet that cannot be loaded into a buffer (caller holds w.mu).
+void count_oversize(Worker& w, uint32_t port, uint32_t len) {
+  if (port >= w.ports.size()) w.ports.resize(port + 1);
+  PortCounters& pc = w.ports[port];
+  pc.rx_packets++;
+  pc.rx_bytes += len;
+  pc.dropped++;
+  pc.drops[DROP_OVERSIZE]++;
+}
+
+}  // namespace
+
+Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
+                       const uint32_t* ports, const uint64_t* ts, size_t n, MemOutput* out) {
+  std::vector<PortInfo> known = dp->ports();
+  for (size_t i = 0; i < n; i++) {
+    bool ok = false;
+    for (const PortInfo& p : known) ok |= p.ofport == ports[i];
+    if (!ok) return Status::Error(Err::UNKNOWN_PORT, "packet " + std::to_string(i) + ": unknown input port " +
+                                                         std::to_string(ports[i]));
+  }
+  Worker& w = dp->worker(0);
+  std::lock_guard<std::mutex> g(w.mu);
+  uint32_t index_of[kBatchMax];
+  CaptureSink sink(out, index_of);
+  w.set_sink(&sink);
+  Batch b;
+  size_t i = 0;
+  while (i < n) {
+    b.clear();
+    while (i < n && !b.full()) {
+      if (lens[i] > Packet::capacity()) {
+        count_oversize(w, ports[i], lens[i]);
+        i++;
+        continue;
+      }
+      Packet* p = w.pool().get();
+      std::memcpy(p->data(), data + offsets[i], lens[i]);
+      p->len = static_cast<uint16_t>(lens[i]);
+      p->md.in_port = ports[i];
+      p->md.timestamp_ns = ts ? ts[i] : 0;
+      index_of[b.count] = static_cast<uint32_t>(i);
+      b.push(p);
+      i++;
+    }
+    if (b.count) w.process(b);
+  }
+  w.set_sink(nullptr);
+  return Status::Ok();
+}
+
+BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
+                     const uint32_t* ports, size_t n, uint64_t total) {
+  BenchStats bs;
+  if (n == 0) return bs;
+  Worker& w = dp->worker(0);
+  CountSink sink;
+  std::lock_guard<std::mutex> g(w.mu);
+  w.set_sink(&sink);
+  Batch b;
+  size_t next = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  uint64_t done = 0;
+  while (done < total) {
+    b.clear();
+    uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(kBatchMax, total - done));
+    for (uint32_t k = 0; k < want; k++) {
+      Packet* p = w.pool().get();
+      p->len = static_cast<uint16_t>(lens[next]);
+      std::memcpy(p->data(), data + offsets[next], lens[next]);
+      p->md.in_port = ports[next];
+      b.push(p);
+      if (++next == n) next = 0;
+    }
+    w.process(b);
+    done += want;
+  }
+  auto t1 = std::chrono::steady_clock::now();
+  w.set_sink(nullptr);
+  bs.packets = done;
+  bs.seconds = std::chrono::duration<double>(t1 - t0).count();
+  return bs;
+}
+
+// ---- replay ------------------------------------------------------------------------
+
+class Replayer::Writers : public PortSink {
+ public:
+  void send(uint32_t port, Packet* const* pkts, uint32_t n) override {
+    if (port >= files.size() || !files[port]) return;
+    for (uint32_t i = 0; i < n; i++) files[port]->write(pkts[i]->md.timestamp_ns, pkts[i]->data(), pkts[i]->len);
+  }
+  std::vector<std::unique_ptr<PcapWriter>> files;  // by ofport
+  std::vector<std::pair<std::string, std::string>> names;
+};
+
+Replayer::Replayer(Dataplane* dp, std::vector<ReplayInput> inputs, std::string out_dir)
+    : dp_(dp), spec_(std::move(inputs)), out_dir_(std::move(out_dir)), writers_(new Writers) {}
+
+Replayer::~Replayer() { close(); }
+
+Status Replayer::open() {
+  for (const ReplayInput& ri : spec_) {
+    if (dp_->port_name(ri.port).empty())
+      return Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(ri.port));
+    Input in;
+    in.port = ri.port;
+    in.reader = std::make_unique<PcapReader>();
+    Status st = in.reader->open(ri.path);
+    if (!st.ok()) return st;
+    inputs_.push_back(std::move(in));
+  }
+  for (const PortInfo& p : dp_->ports()) {
+    if (p.tunnel) continue;
+    if (writers_->files.size() <= p.ofport) writers_->files.resize(p.ofport + 1);
+    std::string path = out_dir_ + "/" + p.name + ".pcap";
+    auto w = std::make_unique<PcapWriter>();
+    Status st = w->open(path);
+    if (!st.ok()) return st;
+    writers_->files[p.ofport] = std::move(w);
+    writers_->names.emplace_back(p.name, path);
+  }
+  for (Input& in : inputs_) {
+    Status st;
+    advance(in, &st);
+    if (!st.ok()) {
+      error_ = st;
+      break;
+    }
+  }
+  return Status::Ok();
+}
+
+bool Replayer::advance(Input& in, Status* st) {
+  in.has_head = in.reader->next(&in.head);
+  if (!in.has_head && !in.reader->status().ok()) *st = in.reader->status();
+  return in.has_head;
+}
+
+bool Replayer::run(uint64_t max_packets, Status* st) {
+  if (done_) return false;
+  Worker& w = dp_->worker(0);
+  Batch b;
+  uint64_t taken = 0;
+  for (;;) {
+    b.clear();
+    {
+      std::lock_guard<std::mutex> g(w.mu);
+      while (!b.full() && error_.ok() && (max_packets == 0 || taken < max_packets)) {
+        Input* best = nullptr;
+        for (Input& in : inputs_)
+          if (in.has_head && (!best || in.head.ts_ns < best->head.ts_ns)) best = &in;
+        if (!best) break;
+        const PcapRecord& r = best->head;
+        if (r.caplen > Packet::capacity()) {
+          count_oversize(w, best->port, r.caplen);
+        } else {
+          Packet* p = w.pool().get();
+          std::memcpy(p->data(), r.data, r.caplen);
+          p->len = static_cast<uint16_t>(r.caplen);
+          p->md.in_port = best->port;
+          p->md.timestamp_ns = r.ts_ns;
+          b.push(p);
+        }
+        taken++;
+        packets_++;
+        Status rs;
+        advance(*best, &rs);
+        if (!rs.ok()) error_ = rs;
+      }
+      if (b.count) {
+        w.set_sink(writers_.get());
+        w.process(b);
+        w.set_sink(nullptr);
+      }
+    }
+    if (!error_.ok()) {
+      *st = error_;
+      done_ = true;
+      return false;
+    }
+    bool any = false;
+    for (Input& in : inputs_) any |= in.has_head;
+    if (!any) {
+      done_ = true;
+      return false;
+    }
+    if (max_packets && taken >= max_packets) return true;
+  }
+}
+
+Status Replayer::close() {
+  Status first;
+  for (auto& f : writers_->files) {
+    if (!f) continue;
+    Status s = f->close();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+uint64_t Replayer::bytes_done() const {
+  uint64_t s = 0;
+  for (const Input& in : inputs_) s += in.reader->offset();
+  return s;
+}
+
+uint64_t Replayer::bytes_total() const {
+  uint64_t s = 0;
+  for (const Input& in : inputs_) s += in.reader->size();
+  return s;
+}
+
+std::vector<std::pair<std::string, std::string>> Replayer::outputs() const { return writers_->names; }
+
+}  // namespace dpu

@@ -1,0 +1,87 @@
+// runner.h: the three ways packets enter a dataplane from the API: in-memory
+// buffers (process), capture files (replay), and the benchmark loop.
+//
+// Each one fills batches from its source into worker 0's pool, runs
+// Worker::process under the worker's mutex (one batch at a time, so table
+// commits interleave between batches), and hands outputs to a PortSink. All of
+// them are called from the bindings with the GIL released.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dataplane.h"
+#include "dpu/pcap.h"
+
+namespace dpu {
+
+// ---- in-memory -------------------------------------------------------------------
+struct MemPacket {
+  uint32_t port;
+  uint32_t index;     // input index it came from
+  uint64_t ts_ns;
+  uint32_t offset, len;  // into MemOutput::data
+};
+struct MemOutput {
+  std::vector<uint8_t> data;
+  std::vector<MemPacket> pkts;
+};
+
+// Packets are data[offsets[i] .. offsets[i]+lens[i]) arriving on ports[i].
+Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
+                       const uint32_t* ports, const uint64_t* ts, size_t n, MemOutput* out);
+
+// ---- benchmark -------------------------------------------------------------------
+struct BenchStats {
+  uint64_t packets = 0;
+  double seconds = 0;
+};
+// Cycles through the n template packets until `total` packets were processed,
+// copying each into a pool buffer (as a NIC would DMA it) and discarding the
+// outputs after counting them.
+BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
+                     const uint32_t* ports, size_t n, uint64_t total);
+
+// ---- replay ----------------------------------------------------------------------
+struct ReplayInput {
+  uint32_t port;
+  std::string path;
+};
+
+class Replayer {
+ public:
+  Replayer(Dataplane* dp, std::vector<ReplayInput> inputs, std::string out_dir);
+  ~Replayer();
+  Status open();
+  // Processes up to max_packets more arrivals (0: no limit). Returns false when
+  // every input is exhausted or an input failed (then *st says why; everything
+  // read before the failure was processed and written).
+  bool run(uint64_t max_packets, Status* st);
+  Status close();  // flushes and closes the output files
+  uint64_t packets() const { return packets_; }
+  uint64_t bytes_done() const;
+  uint64_t bytes_total() const;
+  std::vector<std::pair<std::string, std::string>> outputs() const;  // port name, file
+
+ private:
+  struct Input {
+    uint32_t port;
+    std::unique_ptr<PcapReader> reader;
+    PcapRecord head;
+    bool has_head = false;
+  };
+  class Writers;
+  bool advance(Input& in, Status* st);
+
+  Dataplane* dp_;
+  std::vector<ReplayInput> spec_;
+  std::string out_dir_;
+  std::vector<Input> inputs_;
+  std::unique_ptr<Writers> writers_;
+  uint64_t packets_ = 0;
+  Status error_;
+  bool done_ = false;
+};
+
+}  // namespace dpu

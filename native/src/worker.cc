@@ -1,0 +1,276 @@
+// worker.cc: the per-batch fast-path loop, cache maintenance and counters
+// (see worker.h for the contract). Actions are executed in execute.cc and
+// vxlan.cc.
+#include "worker.h"
+
+#include <algorithm>
+
+#include "dataplane.h"
+#include "parse.h"
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+static inline uint64_t cycles_now() { return __rdtsc(); }
+#else
+#include <chrono>
+static inline uint64_t cycles_now() {
+  return static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+}
+#endif
+
+namespace dpu {
+
+Worker::Worker(Dataplane* dp, uint32_t pool_size) : dp_(dp), pool_(pool_size) {}
+Worker::~Worker() = default;
+
+void Worker::sync_version() {
+  uint64_t v = dp_->version();
+  if (v == version_) return;
+  if (version_) {
+    push_stats();
+    flush_caches();
+    pmd.flushes++;
+  }
+  version_ = v;
+  size_t n_tenants = 0;
+  dp_->port_flags(&is_tunnel_, &n_tenants);
+  if (ports.size() < is_tunnel_.size()) ports.resize(is_tunnel_.size());
+  if (tx_.size() < is_tunnel_.size()) tx_.resize(is_tunnel_.size());
+  if (tenants.size() < n_tenants + 1) tenants.resize(n_tenants + 1);
+}
+
+void Worker::flush_caches() {
+  emc_.clear();
+  dpcls_.clear();
+}
+
+void Worker::push_stats() {
+  dpcls_.for_each([this](Megaflow& mf, Subtable&) {
+    uint64_t np = mf.n_packets.load(std::memory_order_relaxed);
+    uint64_t nb = mf.n_bytes.load(std::memory_order_relaxed);
+    if (np == mf.pushed_packets) return;
+    dp_->credit(mf.xcache, np - mf.pushed_packets, nb - mf.pushed_bytes);
+    mf.pushed_packets = np;
+    mf.pushed_bytes = nb;
+  });
+}
+
+void Worker::process(Batch& in) {
+  sync_version();
+  const uint32_t n = in.count;
+  pmd.packets += n;
+  pmd.batches++;
+  for (uint32_t i = 0; i < n; i++) {
+    Packet* p = in.pkts[i];
+    p->origin = i;
+    p->md.orig_in_port = p->md.in_port;
+    p->md.passes = 0;
+    p->md.tenant = 0;
+    out_count_[i] = 0;
+    reason_[i] = DROP_NONE;
+    tenant_[i] = 0;
+    uint32_t port = p->md.in_port < ports.size() ? p->md.in_port : 0;
+    in_port_[i] = port;
+    PortCounters& pc = ports[port];
+    pc.rx_packets++;
+    pc.rx_bytes += p->len;
+  }
+  recirculated_ = false;
+  std::vector<Packet*> cur(in.pkts, in.pkts + n), next;
+  next.reserve(n);
+  for (int pass_no = 0; !cur.empty(); pass_no++) {
+    if (pass_no >= kMaxPasses) {
+      for (Packet* p : cur) drop(p, DROP_RECIRC_LIMIT);
+      break;
+    }
+    next.clear();
+    for (size_t off = 0; off < cur.size(); off += kChunk)
+      pass(cur.data() + off, static_cast<uint32_t>(std::min<size_t>(kChunk, cur.size() - off)), next, pass_no == 0);
+    if (!next.empty()) {
+      recirculated_ = true;
+      pmd.recirculations += next.size();
+    }
+    cur.swap(next);
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    if (out_count_[i]) continue;
+    uint16_t r = reason_[i] == DROP_NONE ? static_cast<uint16_t>(DROP_NO_OUTPUT) : reason_[i];
+    PortCounters& pc = ports[in_port_[i]];
+    pc.dropped++;
+    pc.drops[r]++;
+    if (tenant_[i] && tenant_[i] < tenants.size()) {
+      tenants[tenant_[i]].dropped++;
+      tenants[tenant_[i]].drops[r]++;
+    }
+  }
+  uint64_t t0 = profile_ ? cycles_now() : 0;
+  flush_tx(recirculated_);
+  if (profile_) pmd.cycles[STAGE_TX] += cycles_now() - t0;
+  in.count = 0;
+  if ((++batch_count_ & 1023) == 0) dpcls_.resort();
+}
+
+void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool first) {
+  alignas(64) Flow keys[kChunk];
+  uint32_t hashes[kChunk];
+  Megaflow* mfs[kChunk];
+  uint8_t miss[kChunk];
+  uint32_t n_miss = 0;
+  uint64_t t0 = profile_ ? cycles_now() : 0, t1;
+
+  for (uint32_t i = 0; i < n; i++) {
+    if (i + 1 < n) __builtin_prefetch(pkts[i + 1]->data());
+    uint8_t f = parse_packet(pkts[i], &keys[i]);
+    if (first && f) {
+      PortCounters& pc = ports[in_port_[pkts[i]->origin]];
+      pc.rx_truncated += (f & kParseTruncated) ? 1 : 0;
+      pc.rx_malformed += (f & kParseMalformed) ? 1 : 0;
+      pc.rx_unknown += (f & kParseUnknown) ? 1 : 0;
+    }
+    hashes[i] = hash_key(keys[i]);
+    pkts[i]->md.passes++;
+  }
+  pmd.passes += n;
+  if (profile_) {
+    t1 = cycles_now();
+    pmd.cycles[STAGE_PARSE] += t1 - t0;
+    t0 = t1;
+  }
+
+  for (uint32_t i = 0; i < n; i++) {
+    mfs[i] = emc_.lookup(keys[i], hashes[i]);
+    if (!mfs[i]) miss[n_miss++] = static_cast<uint8_t>(i);
+  }
+  pmd.emc_hits += n - n_miss;
+  if (profile_) {
+    t1 = cycles_now();
+    pmd.cycles[STAGE_EMC] += t1 - t0;
+    t0 = t1;
+  }
+
+  uint32_t n_up = 0;
+  uint8_t up[kChunk];
+  for (uint32_t k = 0; k < n_miss; k++) {
+    uint32_t i = miss[k];
+    uint32_t probes = 0;
+    Megaflow* mf = dpcls_.lookup(words(keys[i]), &probes);
+    pmd.subtable_probes += probes;
+    if (mf) {
+      pmd.megaflow_hits++;
+      mfs[i] = mf;
+      rng_ ^= rng_ << 13;
+      rng_ ^= rng_ >> 7;
+      rng_ ^= rng_ << 17;
+      if (rng_ % emc_inv_prob_ == 0) emc_.insert(keys[i], hashes[i], mf);
+    } else {
+      up[n_up++] = static_cast<uint8_t>(i);
+    }
+  }
+  if (profile_) {
+    t1 = cycles_now();
+    pmd.cycles[STAGE_MEGAFLOW] += t1 - t0;
+    t0 = t1;
+  }
+
+  // Upcalls. A packet whose megaflow could not be installed runs straight from
+  // its translation and credits the rules at once.
+  std::vector<XlateOut> uninstalled;
+  uint32_t direct[kChunk];
+  for (uint32_t k = 0; k < n_up; k++) {
+    uint32_t i = up[k];
+    uint32_t probes = 0;
+    Megaflow* mf = dpcls_.lookup(words(keys[i]), &probes);  // an earlier miss may have installed it
+    if (mf) {
+      pmd.megaflow_hits++;
+      mfs[i] = mf;
+      continue;
+    }
+    XlateOut xo;
+    dp_->upcall(keys[i], &xo, nullptr);
+    pmd.upcalls++;
+    if (dpcls_.size() < max_megaflows_) {
+      Flow wc = xo.wc;
+      mf = dpcls_.insert(keys[i], wc, std::move(xo));
+      mfs[i] = mf;
+      emc_.insert(keys[i], hashes[i], mf);
+    } else {
+      pmd.upcall_no_install++;
+      dp_->credit(xo.xcache, 1, pkts[i]->len);
+      direct[uninstalled.size()] = i;
+      uninstalled.push_back(std::move(xo));
+      mfs[i] = nullptr;
+    }
+  }
+  if (profile_) {
+    t1 = cycles_now();
+    pmd.cycles[STAGE_UPCALL] += t1 - t0;
+    t0 = t1;
+  }
+
+  size_t u = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    Packet* p = pkts[i];
+    Megaflow* mf = mfs[i];
+    const DpActions* acts;
+    uint16_t tenant;
+    if (mf) {
+      mf->n_packets.store(mf->n_packets.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      mf->n_bytes.store(mf->n_bytes.load(std::memory_order_relaxed) + p->len, std::memory_order_relaxed);
+      acts = &mf->actions;
+      tenant = mf->tenant;
+    } else {
+      while (direct[u] != i) u++;
+      acts = &uninstalled[u].actions;
+      tenant = uninstalled[u].tenant;
+    }
+    if (tenant && !p->md.tenant && tenant < tenants.size()) {
+      p->md.tenant = tenant;
+      tenant_[p->origin] = tenant;
+      tenants[tenant].rx_packets++;
+      tenants[tenant].rx_bytes += p->len;
+    }
+    run_actions(p, keys[i], acts->data(), acts->size(), recirc);
+  }
+  if (profile_) pmd.cycles[STAGE_EXECUTE] += cycles_now() - t0;
+}
+
+void Worker::emit(uint32_t port, Packet* p, bool counts_as_output) {
+  if (port >= tx_.size()) {
+    drop(p, DROP_NO_OUTPUT);
+    return;
+  }
+  if (counts_as_output) out_count_[p->origin]++;
+  PortCounters& pc = ports[port];
+  pc.tx_packets++;
+  pc.tx_bytes += p->len;
+  if (p->md.tenant && counts_as_output) {
+    tenants[p->md.tenant].tx_packets++;
+    tenants[p->md.tenant].tx_bytes += p->len;
+  }
+  std::vector<Packet*>& q = tx_[port];
+  if (q.empty()) tx_ports_.push_back(port);
+  q.push_back(p);
+}
+
+void Worker::drop(Packet* p, uint16_t reason) {
+  if (reason != DROP_NONE) reason_[p->origin] = reason;
+  pool_.put(p);
+}
+
+Packet* Worker::copy(Packet* p) { return pool_.clone(p); }
+
+void Worker::flush_tx(bool sort) {
+  for (uint32_t port : tx_ports_) {
+    std::vector<Packet*>& q = tx_[port];
+    if (sort)
+      std::stable_sort(q.begin(), q.end(), [](const Packet* a, const Packet* b) { return a->origin < b->origin; });
+    if (sink_) sink_->send(port, q.data(), static_cast<uint32_t>(q.size()));
+    pmd.tx_batches++;
+    pmd.tx_packets += q.size();
+    for (Packet* p : q) pool_.put(p);
+    q.clear();
+  }
+  tx_ports_.clear();
+}
+
+}  // namespace dpu

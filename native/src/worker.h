@@ -1,0 +1,140 @@
+// worker.h: one datapath worker (a PMD thread in OVS terms): the fast path.
+//
+// A worker owns a packet pool, an exact-match cache, a megaflow cache, per-port
+// transmit queues and its counters. process() takes one received batch through
+//
+//   parse (parse.h) -> EMC -> megaflow cache -> [upcall: xlate under the shared
+//   table lock, install a megaflow] -> execute (execute.cc) -> per-port tx
+//
+// in sub-batches of 32 packets. TNL_POP re-queues a packet for another pass in
+// the same call (at most kMaxPasses). At the end the tx queues go to the port
+// sinks in arrival order, and every arrival that produced no output is counted
+// once as a drop, under the last reason recorded for it.
+//
+// Before each batch the worker compares the dataplane's table version with the
+// one its caches were built from; on a change it pushes its megaflow counters
+// to the rules (so no count is lost) and flushes both caches: a cache never
+// returns a result derived from older tables.
+//
+// Thread-safety: process() runs on the worker's own thread (or the API caller)
+// with `mu` held; the control thread takes `mu` to read counters and caches.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "dpcls.h"
+#include "dpu/batch.h"
+#include "dpu/drops.h"
+
+namespace dpu {
+
+class Dataplane;
+
+// Where a port's transmitted packets go (pcap writer, capture list, counter).
+class PortSink {
+ public:
+  virtual ~PortSink() = default;
+  // Copies out what it needs; the packets return to the pool afterwards.
+  virtual void send(uint32_t port, Packet* const* pkts, uint32_t n) = 0;
+};
+
+struct PortCounters {
+  uint64_t rx_packets = 0, rx_bytes = 0, tx_packets = 0, tx_bytes = 0;
+  uint64_t rx_truncated = 0, rx_malformed = 0, rx_unknown = 0;
+  uint64_t dropped = 0;
+  uint64_t drops[DROP_COUNT] = {};
+};
+
+struct TenantCounters {
+  uint64_t rx_packets = 0, rx_bytes = 0, tx_packets = 0, tx_bytes = 0, dropped = 0;
+  uint64_t drops[DROP_COUNT] = {};
+};
+
+enum Stage : uint8_t { STAGE_PARSE, STAGE_EMC, STAGE_MEGAFLOW, STAGE_UPCALL, STAGE_EXECUTE, STAGE_TX, STAGE_COUNT };
+
+struct PmdCounters {
+  uint64_t packets = 0;          // arrivals
+  uint64_t passes = 0;           // lookups (arrivals + recirculations)
+  uint64_t recirculations = 0;
+  uint64_t emc_hits = 0, megaflow_hits = 0, subtable_probes = 0;
+  uint64_t upcalls = 0, upcall_no_install = 0;
+  uint64_t batches = 0, tx_batches = 0, tx_packets = 0;
+  uint64_t flushes = 0;          // cache flushes after table changes
+  uint64_t cycles[STAGE_COUNT] = {};
+};
+
+constexpr int kMaxPasses = 6;
+constexpr uint32_t kChunk = 32;
+
+class Worker {
+ public:
+  Worker(Dataplane* dp, uint32_t pool_size);
+  ~Worker();
+
+  // Processes one batch; packets must come from this worker's pool and have
+  // md.in_port / timestamp / data set. Returns them all to the pool.
+  void process(Batch& in);
+
+  PacketPool& pool() { return pool_; }
+  void set_sink(PortSink* s) { sink_ = s; }
+  void set_profile(bool on) { profile_ = on; }
+  void set_emc_insert_inv_prob(uint32_t n) { emc_inv_prob_ = n ? n : 1; }
+  void set_max_megaflows(size_t n) { max_megaflows_ = n; }
+
+  // Control side (caller holds mu).
+  void push_stats();               // credit megaflow deltas to rules/tables/groups
+  void flush_caches();
+  size_t megaflow_count() const { return dpcls_.size(); }
+  Dpcls& dpcls() { return dpcls_; }
+
+  std::mutex mu;
+  std::vector<PortCounters> ports;      // by ofport
+  std::vector<TenantCounters> tenants;  // by tenant index
+  PmdCounters pmd;
+
+ private:
+  friend class Executor;
+  void sync_version();
+  void pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool first);
+  void run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n, std::vector<Packet*>& recirc);
+  void emit(uint32_t port, Packet* p, bool counts_as_output);
+  void drop(Packet* p, uint16_t reason);
+  Packet* copy(Packet* p);
+  void flush_tx(bool sort);
+  // vxlan.cc
+  bool tnl_push(Packet* p, const Flow& key, const DpAction& a);
+
+ public:
+  // Validates and strips VXLAN; DROP_NONE on success (also used by trace).
+  static uint16_t tnl_pop(Packet* p, const DpAction& a);
+
+ private:
+  void send_too_big(Packet* p, const Flow& key, const DpAction& a);
+
+  Dataplane* dp_;
+  PacketPool pool_;
+  Emc emc_;
+  Dpcls dpcls_;
+  uint64_t version_ = 0;
+  PortSink* sink_ = nullptr;
+  bool profile_ = false;
+  uint32_t emc_inv_prob_ = 100;
+  uint64_t rng_ = 0x853c49e6748fea9bull;
+  size_t max_megaflows_ = 1u << 20;
+  uint64_t batch_count_ = 0;
+
+  // Per-call state.
+  std::vector<std::vector<Packet*>> tx_;  // by ofport
+  std::vector<uint32_t> tx_ports_;        // ports with queued packets
+  std::vector<uint8_t> is_tunnel_;        // by ofport
+  uint16_t out_count_[kBatchMax];
+  uint16_t reason_[kBatchMax];
+  uint16_t tenant_[kBatchMax];
+  uint32_t in_port_[kBatchMax];
+  bool recirculated_ = false;
+};
+
+}  // namespace dpu

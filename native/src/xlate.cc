@@ -1,0 +1,745 @@
+// xlate.cc: OpenFlow walk -> datapath actions + megaflow mask (see xlate.h).
+//
+// The walk keeps three flows, as OVS's xlate does:
+//   flow     the packet as the pipeline currently sees it (plus regs/metadata);
+//   base     the packet as the datapath will have it after the actions emitted
+//            so far: before every output, commit() emits set/push/pop actions
+//            for the header bits written since the last commit (`pending`);
+//   written  every key bit an action has set: such bits are constants for all
+//            packets of the megaflow, so reading or matching them does not
+//            un-wildcard the original packet's bits.
+// wc collects the key bits that decided the outcome (un-wildcarding): probed
+// subtable masks, prerequisites checked, fields read by move, hash inputs.
+#include "xlate.h"
+
+#include <cstdio>
+
+#include "checksum.h"
+#include "dpu/ofparse.h"
+
+namespace dpu {
+namespace {
+
+constexpr int kMaxDepth = 64;
+constexpr int kMaxResubmits = 4096;
+
+Flow field_mask(const FieldDef& f, u128 bits) {
+  Flow m{};
+  field_set_masked(m, f, bits, bits);
+  return m;
+}
+
+bool any_bits(const Flow& m, size_t from_word, size_t to_word) {
+  const uint64_t* w = words(m);
+  for (size_t i = from_word; i < to_word; i++)
+    if (w[i]) return true;
+  return false;
+}
+
+bool bytes_nonzero(const void* p, size_t n) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < n; i++)
+    if (b[i]) return true;
+  return false;
+}
+
+class Ctx {
+ public:
+  Ctx(const XlateEnv& env, XlateOut* out, std::vector<TraceEvent>* trace) : env_(env), out_(*out), trace_(trace) {}
+
+  void run(const Flow& key) {
+    std::memcpy(&flow_, &key, kKeyBytes);  // pipeline state (metadata, regs) starts at zero
+    std::memset(reinterpret_cast<uint8_t*>(&flow_) + kKeyBytes, 0, sizeof(Flow) - kKeyBytes);
+    base_ = flow_;
+    std::memset(&pending_, 0, sizeof pending_);
+    std::memset(&written_, 0, sizeof written_);
+    out_.wc = Flow{};
+    out_.wc.in_port = 0xffffffffu;
+    out_.wc.recirc_id = 0xffffffffu;
+    if (!try_tunnel_pop()) do_table(0);
+    finish();
+  }
+
+ private:
+  // ---- wildcards ---------------------------------------------------------------
+  void uw(const Flow& m) {
+    uint64_t* wc = words(out_.wc);
+    const uint64_t *x = words(m), *wr = words(written_);
+    for (size_t i = 0; i < kKeyWords; i++) wc[i] |= x[i] & ~wr[i];
+  }
+  void uw_field(FieldId id) {
+    const FieldDef& f = field_def(id);
+    if (f.datapath) uw(field_mask(f, field_all_ones(f)));
+  }
+  void uw_prereq(Prereq p) {
+    Flow m{};
+    prereq_unwildcard(p, m);
+    uw(m);
+  }
+  void mark_written(const FieldDef& f, u128 bits) {
+    Flow m = field_mask(f, bits);
+    flow_or_into(written_, m);
+    if (f.datapath) flow_or_into(pending_, m);
+  }
+
+  void event(TraceEvent::Kind k, std::string text, int table = -1, const Rule* r = nullptr) {
+    if (!trace_) return;
+    TraceEvent e;
+    e.kind = k;
+    e.depth = depth_;
+    e.table = table;
+    e.text = std::move(text);
+    if (r) {
+      e.priority = r->priority;
+      e.cookie = r->cookie;
+    }
+    trace_->push_back(std::move(e));
+  }
+
+  // ---- tunnel receive ------------------------------------------------------------
+  bool try_tunnel_pop() {
+    if (flow_.recirc_id != 0 || !env_.ports) return false;
+    bool popped = false;
+    for (const PortInfo* p : env_.ports->all()) {
+      if (!p->tunnel || p->tnl.underlay != flow_.in_port) continue;
+      const TunnelCfg& t = p->tnl;
+      uw_field(FieldId::DL_TYPE);
+      if (flow_.dl_type != be16(t.ipv6 ? kEthIpv6 : kEthIp)) continue;
+      if (t.ipv6) {
+        uw_field(FieldId::IPV6_DST);
+        if (std::memcmp(flow_.ipv6_dst, t.local_ip, 16) != 0) continue;
+      } else {
+        uw_field(FieldId::NW_DST);
+        if (std::memcmp(&flow_.nw_dst, t.local_ip, 4) != 0) continue;
+      }
+      uw_field(FieldId::NW_PROTO);
+      uw_field(FieldId::NW_FRAG);
+      if (flow_.nw_proto != kIpUdp || flow_.nw_frag != 0) continue;
+      uw_field(FieldId::TP_DST);
+      if (flow_.tp_dst != be16(t.dst_port)) continue;
+      DpAction a;
+      a.type = Dp::TNL_POP;
+      a.port = p->ofport;
+      a.tnl.strict = t.strict;
+      a.tnl.ipv6 = t.ipv6;
+      out_.actions.push_back(a);
+      event(TraceEvent::NOTE, "native tunnel: packet for VTEP " + p->name + ", tnl_pop and look up again");
+      popped = true;
+      break;
+    }
+    return popped;
+  }
+
+  // ---- tables --------------------------------------------------------------------
+  void do_table(uint8_t t) {
+    if (exit_) return;
+    uint8_t saved = table_;
+    table_ = t;
+    Flow m{};
+    const RulePtr* rp = env_.tables[t].lookup(flow_, &m);
+    const Rule* r = rp ? rp->get() : nullptr;
+    uw(m);
+    XcacheEntry te;
+    te.kind = XcacheEntry::TABLE;
+    te.table = t;
+    te.matched = r != nullptr;
+    out_.xcache.push_back(te);
+    if (!r) {
+      event(TraceEvent::MISS, "No match.", t);
+      reason_ = DROP_TABLE_MISS;
+      table_ = saved;
+      return;
+    }
+    XcacheEntry re;
+    re.kind = XcacheEntry::RULE;
+    re.table = t;
+    re.rule = *rp;  // keeps the rule alive for crediting even after it is deleted
+    out_.xcache.push_back(re);
+    if (trace_) event(TraceEvent::TABLE, format_match(r->match, r->priority, false, env_.ports), t, r);
+    if (r->actions.empty()) {
+      reason_ = DROP_ACTION_DROP;
+      event(TraceEvent::ACTION, "drop");
+    }
+    do_actions(r->actions);
+    table_ = saved;
+  }
+
+  // ---- actions -------------------------------------------------------------------
+  void do_actions(const std::vector<OfAction>& acts) {
+    for (const OfAction& a : acts) {
+      if (exit_) return;
+      if (trace_) event(TraceEvent::ACTION, format_actions({a}, env_.ports));
+      do_action(a);
+    }
+  }
+
+  void write_field(const FieldDef& f, u128 value, u128 mask) {
+    field_set_masked(flow_, f, value, mask);
+    mark_written(f, mask);
+    if (f.offset == offsetof(Flow, vlan_tci)) uw(vlan_present_mask());
+  }
+
+  static Flow vlan_present_mask() {
+    Flow m{};
+    m.vlan_tci = be16(kVlanPresent);
+    return m;
+  }
+
+  bool check_prereq(const FieldDef& f) {
+    if (f.prereq == Prereq::NONE) return true;
+    uw_prereq(f.prereq);
+    if (prereq_met(f.prereq, flow_, nullptr)) return true;
+    event(TraceEvent::NOTE, std::string("skipped: the packet has no ") + f.name);
+    return false;
+  }
+
+  void do_action(const OfAction& a) {
+    switch (a.type) {
+      case OfAct::OUTPUT:
+        if (a.port == flow_.in_port) {
+          event(TraceEvent::NOTE, "skipping output to input port");
+          return;
+        }
+        output_to(a.port);
+        return;
+      case OfAct::IN_PORT:
+        output_to(flow_.in_port);
+        return;
+      case OfAct::FLOOD:
+      case OfAct::ALL:
+        for (const PortInfo* p : env_.ports->all())
+          if (!p->tunnel && p->ofport != flow_.in_port) output_to(p->ofport);
+        return;
+      case OfAct::DROP:
+        reason_ = static_cast<uint16_t>(a.arg);
+        exit_ = true;
+        return;
+      case OfAct::SET_FIELD:
+      case OfAct::MOD_DL_SRC:
+      case OfAct::MOD_DL_DST:
+      case OfAct::MOD_NW_SRC:
+      case OfAct::MOD_NW_DST:
+      case OfAct::MOD_NW_TOS:
+      case OfAct::MOD_TP_SRC:
+      case OfAct::MOD_TP_DST:
+      case OfAct::WRITE_METADATA: {
+        const FieldDef& f = field_def(a.field);
+        if (a.type == OfAct::MOD_NW_SRC || a.type == OfAct::MOD_NW_DST) {
+          // OF1.0 semantics: IPv4 only, never the ARP fields sharing storage.
+          uw_field(FieldId::DL_TYPE);
+          if (flow_.dl_type != be16(kEthIp)) {
+            event(TraceEvent::NOTE, "skipped: not an IPv4 packet");
+            return;
+          }
+        } else if (!check_prereq(f)) {
+          return;
+        }
+        if (a.type == OfAct::MOD_TP_SRC || a.type == OfAct::MOD_TP_DST) {
+          uw_field(FieldId::NW_FRAG);
+          if (flow_.nw_frag & kFragLater) {
+            event(TraceEvent::NOTE, "skipped: later fragment has no L4 header");
+            return;
+          }
+        }
+        write_field(f, a.value, a.mask);
+        return;
+      }
+      case OfAct::LOAD: {
+        const FieldDef& f = field_def(a.field);
+        if (!check_prereq(f)) return;
+        u128 m = (a.n_bits >= 128 ? ~static_cast<u128>(0) : ((static_cast<u128>(1) << a.n_bits) - 1)) << a.ofs;
+        write_field(f, a.value << a.ofs, m);
+        return;
+      }
+      case OfAct::MOVE: {
+        const FieldDef& sf = field_def(a.src_field);
+        const FieldDef& df = field_def(a.field);
+        if (!check_prereq(sf) || !check_prereq(df)) return;
+        u128 ones = a.n_bits >= 128 ? ~static_cast<u128>(0) : ((static_cast<u128>(1) << a.n_bits) - 1);
+        if (sf.datapath) uw(field_mask(sf, ones << a.src_ofs));
+        u128 v = (field_get(flow_, sf) >> a.src_ofs) & ones;
+        write_field(df, v << a.ofs, ones << a.ofs);
+        return;
+      }
+      case OfAct::MOD_VLAN_VID:
+      case OfAct::MOD_VLAN_PCP:
+      case OfAct::PUSH_VLAN: {
+        uw(vlan_present_mask());
+        uint16_t tci = be16(flow_.vlan_tci);
+        bool tagged = tci & kVlanPresent;
+        if (a.type == OfAct::PUSH_VLAN && tagged) {
+          // A second tag: push it on the packet as it is; the key keeps
+          // describing the outer tag, which copies the inner one's TCI.
+          commit();
+          DpAction d;
+          d.type = Dp::PUSH_VLAN;
+          d.tpid = static_cast<uint16_t>(a.arg);
+          d.tci = static_cast<uint16_t>(tci & ~kVlanPresent);
+          out_.actions.push_back(d);
+          flow_.vlan_tpid = be16(static_cast<uint16_t>(a.arg));
+          base_.vlan_tpid = flow_.vlan_tpid;
+          return;
+        }
+        if (!tagged) {
+          tci = kVlanPresent;
+          flow_.vlan_tpid = be16(a.type == OfAct::PUSH_VLAN ? static_cast<uint16_t>(a.arg) : kEthVlan);
+        }
+        if (a.type == OfAct::MOD_VLAN_VID) tci = static_cast<uint16_t>((tci & ~0x0fff) | a.arg);
+        if (a.type == OfAct::MOD_VLAN_PCP) tci = static_cast<uint16_t>((tci & ~0xe000) | (a.arg << 13));
+        write_field(field_def(FieldId::VLAN_TCI), tci, 0xffff);
+        written_.vlan_tpid = 0xffff;
+        pending_.vlan_tpid = 0xffff;
+        return;
+      }
+      case OfAct::POP_VLAN:
+      case OfAct::STRIP_VLAN:
+        uw(vlan_present_mask());
+        if (!(flow_.vlan_tci & be16(kVlanPresent))) return;
+        write_field(field_def(FieldId::VLAN_TCI), 0, 0xffff);
+        flow_.vlan_tpid = 0;
+        return;
+      case OfAct::DEC_TTL: {
+        uw_field(FieldId::DL_TYPE);
+        if (flow_.dl_type != be16(kEthIp) && flow_.dl_type != be16(kEthIpv6)) {
+          event(TraceEvent::NOTE, "dec_ttl: not IP, nothing to do");
+          return;
+        }
+        uw_field(FieldId::NW_TTL);
+        if (flow_.nw_ttl <= 1) {
+          event(TraceEvent::NOTE, "dec_ttl: TTL " + std::to_string(flow_.nw_ttl) + " expired, packet dropped");
+          reason_ = DROP_TTL_EXCEEDED;
+          exit_ = true;
+          return;
+        }
+        write_field(field_def(FieldId::NW_TTL), flow_.nw_ttl - 1, 0xff);
+        return;
+      }
+      case OfAct::GOTO_TABLE:
+        do_table(static_cast<uint8_t>(a.arg));
+        return;
+      case OfAct::RESUBMIT: {
+        if (depth_ >= kMaxDepth || ++resubmits_ > kMaxResubmits) {
+          event(TraceEvent::NOTE, "resubmit limit reached: packet dropped");
+          error_ = true;
+          reason_ = DROP_RESUBMIT_LIMIT;
+          exit_ = true;
+          return;
+        }
+        uint32_t old_in = flow_.in_port;
+        if (a.port != kPortInPort) flow_.in_port = a.port;
+        uint8_t t = a.arg == kTableCurrent ? table_ : static_cast<uint8_t>(a.arg);
+        depth_++;
+        do_table(t);
+        depth_--;
+        flow_.in_port = old_in;
+        return;
+      }
+      case OfAct::NOTE:
+        return;
+      case OfAct::GROUP:
+        do_group(static_cast<uint32_t>(a.arg));
+        return;
+    }
+  }
+
+  void do_group(uint32_t id) {
+    auto it = env_.groups->find(id);
+    if (it == env_.groups->end()) {
+      event(TraceEvent::NOTE, "group " + std::to_string(id) + " does not exist");
+      return;
+    }
+    const GroupPtr& g = it->second;
+    XcacheEntry e;
+    e.kind = XcacheEntry::GROUP;
+    e.group = g;
+    out_.xcache.push_back(e);
+    if (g->type == GroupType::ALL) {
+      for (const Bucket& b : g->buckets) do_bucket(b);
+      return;
+    }
+    if (g->buckets.empty()) {
+      reason_ = DROP_GROUP_EMPTY;
+      return;
+    }
+    if (g->type == GroupType::INDIRECT) {
+      do_bucket(g->buckets[0]);
+      return;
+    }
+    // select: the documented 5-tuple hash (flow_key.h), weights as ranges.
+    uw_field(FieldId::DL_TYPE);
+    uint16_t t = be16(flow_.dl_type);
+    if (t == kEthIp || t == kEthIpv6) {
+      uw_field(t == kEthIp ? FieldId::NW_SRC : FieldId::IPV6_SRC);
+      uw_field(t == kEthIp ? FieldId::NW_DST : FieldId::IPV6_DST);
+      uw_field(FieldId::NW_PROTO);
+      uw_field(FieldId::NW_FRAG);
+      if (l4_has_ports(flow_)) {
+        uw_field(FieldId::TP_SRC);
+        uw_field(FieldId::TP_DST);
+      }
+    } else {
+      uw_field(FieldId::DL_SRC);
+      uw_field(FieldId::DL_DST);
+    }
+    uint32_t point = hash_5tuple(flow_) % g->total_weight;
+    for (const Bucket& b : g->buckets) {
+      if (point < b.weight) {
+        if (trace_) event(TraceEvent::NOTE, "select group " + std::to_string(id) + ": bucket " + std::to_string(b.bucket_id));
+        do_bucket(b);
+        return;
+      }
+      point -= b.weight;
+    }
+  }
+
+  // A bucket runs on a clone: whatever it changes is gone afterwards.
+  void do_bucket(const Bucket& b) {
+    commit();
+    Flow sf = flow_, sb = base_, sw = written_;
+    bool sexit = exit_;
+    size_t at = out_.actions.size();
+    DpAction c;
+    c.type = Dp::CLONE;
+    out_.actions.push_back(c);
+    depth_++;
+    do_actions(b.actions);
+    depth_--;
+    size_t n = out_.actions.size() - at - 1;
+    if (n == 0) out_.actions.pop_back();
+    else out_.actions[at].n_nested = static_cast<uint16_t>(n);
+    flow_ = sf;
+    base_ = sb;
+    written_ = sw;
+    std::memset(&pending_, 0, sizeof pending_);
+    exit_ = sexit;
+  }
+
+  // ---- output --------------------------------------------------------------------
+  void output_to(uint32_t port) {
+    const PortInfo* p = env_.ports->get(port);
+    if (!p) {
+      event(TraceEvent::NOTE, "output to unknown port " + std::to_string(port) + " ignored");
+      return;
+    }
+    if (p->tunnel) {
+      tunnel_output(*p);
+      return;
+    }
+    commit();
+    DpAction a;
+    a.type = Dp::OUTPUT;
+    a.port = port;
+    out_.actions.push_back(a);
+    out_.has_output = true;
+  }
+
+  void tunnel_output(const PortInfo& p) {
+    const TunnelCfg& t = p.tnl;
+    commit();
+    uw_field(FieldId::TUN_ID);
+    uw_field(t.ipv6 ? FieldId::TUN_IPV6_DST : FieldId::TUN_DST);
+    bool have_dst = t.ipv6 ? bytes_nonzero(flow_.tun_ipv6_dst, 16) : flow_.tun_dst != 0;
+    if (!have_dst) {
+      event(TraceEvent::NOTE, "output to " + p.name + " without a tunnel destination (tun_dst): ignored");
+      return;
+    }
+    DpAction a;
+    a.type = Dp::TNL_PUSH;
+    a.port = t.underlay;
+    a.tnl.ipv6 = t.ipv6;
+    a.tnl.mtu = t.mtu;
+    a.tnl.sport_min = t.sport_min;
+    a.tnl.sport_max = t.sport_max;
+    uint8_t* h = a.tnl.hdr;
+    std::memcpy(h, t.nexthop_mac, 6);
+    std::memcpy(h + 6, t.local_mac, 6);
+    uint16_t et = be16(t.ipv6 ? kEthIpv6 : kEthIp);
+    std::memcpy(h + 12, &et, 2);
+    uint8_t* ip = h + 14;
+    size_t l4;
+    if (t.ipv6) {
+      ip[0] = 0x60;
+      ip[6] = kIpUdp;
+      ip[7] = t.ttl;
+      std::memcpy(ip + 8, t.local_ip, 16);
+      std::memcpy(ip + 24, flow_.tun_ipv6_dst, 16);
+      l4 = 14 + 40;
+    } else {
+      ip[0] = 0x45;
+      ip[6] = 0x40;  // DF
+      ip[8] = t.ttl;
+      ip[9] = kIpUdp;
+      std::memcpy(ip + 12, t.local_ip, 4);
+      std::memcpy(ip + 16, &flow_.tun_dst, 4);
+      a.tnl.ip_csum_base = csum_fold(csum_partial(ip, 20));
+      l4 = 14 + 20;
+    }
+    uint16_t dp = be16(t.dst_port);
+    std::memcpy(h + l4 + 2, &dp, 2);
+    uint8_t* vx = h + l4 + 8;
+    vx[0] = 0x08;
+    uint32_t vni = static_cast<uint32_t>(be64(flow_.tun_id) & 0xffffff);
+    vx[4] = static_cast<uint8_t>(vni >> 16);
+    vx[5] = static_cast<uint8_t>(vni >> 8);
+    vx[6] = static_cast<uint8_t>(vni);
+    a.tnl.hdr_len = static_cast<uint8_t>(l4 + 16);
+    out_.actions.push_back(a);
+    out_.has_output = true;
+  }
+
+  // Emits datapath actions for the header bits written since the last commit.
+  void commit() {
+    const Flow& f = flow_;
+    const Flow& p = pending_;
+    if (!any_bits(p, 0, kKeyWords)) return;
+    // VLAN
+    if (p.vlan_tci || p.vlan_tpid) {
+      bool bt = base_.vlan_tci & be16(kVlanPresent), ft = f.vlan_tci & be16(kVlanPresent);
+      DpAction a;
+      if (!bt && ft) {
+        a.type = Dp::PUSH_VLAN;
+        a.tpid = f.vlan_tpid ? be16(f.vlan_tpid) : kEthVlan;
+        a.tci = static_cast<uint16_t>(be16(f.vlan_tci) & ~kVlanPresent);
+        out_.actions.push_back(a);
+      } else if (bt && !ft) {
+        a.type = Dp::POP_VLAN;
+        out_.actions.push_back(a);
+      } else if (bt && ft && (p.vlan_tci & be16(static_cast<uint16_t>(~kVlanPresent)))) {
+        a.type = Dp::SET_VLAN;
+        uint16_t v = static_cast<uint16_t>(f.vlan_tci & be16(static_cast<uint16_t>(~kVlanPresent)));
+        uint16_t m = static_cast<uint16_t>(p.vlan_tci & be16(static_cast<uint16_t>(~kVlanPresent)));
+        std::memcpy(a.set.val, &v, 2);
+        std::memcpy(a.set.msk, &m, 2);
+        out_.actions.push_back(a);
+      }
+    }
+    // Ethernet
+    if (bytes_nonzero(p.dl_dst, 12)) {
+      DpAction a;
+      a.type = Dp::SET_ETH;
+      std::memcpy(a.set.val, f.dl_dst, 12);
+      std::memcpy(a.set.msk, p.dl_dst, 12);
+      out_.actions.push_back(a);
+    }
+    uint16_t type = be16(f.dl_type);
+    if (type == kEthIp && (p.nw_src || p.nw_dst || p.nw_tos || p.nw_ttl)) {
+      DpAction a;
+      a.type = Dp::SET_IPV4;
+      a.set.val[1] = f.nw_tos;
+      a.set.msk[1] = p.nw_tos;
+      a.set.val[8] = f.nw_ttl;
+      a.set.msk[8] = p.nw_ttl;
+      std::memcpy(a.set.val + 12, &f.nw_src, 8);
+      std::memcpy(a.set.msk + 12, &p.nw_src, 8);
+      out_.actions.push_back(a);
+    } else if (type == kEthIpv6 &&
+               (bytes_nonzero(p.ipv6_src, 32) || p.nw_tos || p.nw_ttl)) {
+      DpAction a;
+      a.type = Dp::SET_IPV6;
+      a.set.val[0] = f.nw_tos >> 4;
+      a.set.msk[0] = p.nw_tos >> 4;
+      a.set.val[1] = static_cast<uint8_t>(f.nw_tos << 4);
+      a.set.msk[1] = static_cast<uint8_t>(p.nw_tos << 4);
+      a.set.val[7] = f.nw_ttl;
+      a.set.msk[7] = p.nw_ttl;
+      std::memcpy(a.set.val + 8, f.ipv6_src, 32);
+      std::memcpy(a.set.msk + 8, p.ipv6_src, 32);
+      out_.actions.push_back(a);
+    } else if (type == kEthArp && (p.nw_proto || p.nw_src || p.nw_dst || bytes_nonzero(p.arp_sha, 12))) {
+      DpAction a;
+      a.type = Dp::SET_ARP;
+      if (p.nw_proto) {
+        a.set.val[6] = 0;
+        a.set.msk[6] = 0xff;
+        a.set.val[7] = f.nw_proto;
+        a.set.msk[7] = 0xff;
+      }
+      std::memcpy(a.set.val + 8, f.arp_sha, 6);
+      std::memcpy(a.set.msk + 8, p.arp_sha, 6);
+      std::memcpy(a.set.val + 14, &f.nw_src, 4);
+      std::memcpy(a.set.msk + 14, &p.nw_src, 4);
+      std::memcpy(a.set.val + 18, f.arp_tha, 6);
+      std::memcpy(a.set.msk + 18, p.arp_tha, 6);
+      std::memcpy(a.set.val + 24, &f.nw_dst, 4);
+      std::memcpy(a.set.msk + 24, &p.nw_dst, 4);
+      out_.actions.push_back(a);
+    }
+    if ((type == kEthIp || type == kEthIpv6) && (p.tp_src || p.tp_dst) &&
+        (f.nw_proto == kIpTcp || f.nw_proto == kIpUdp || f.nw_proto == kIpSctp)) {
+      DpAction a;
+      a.type = Dp::SET_L4;
+      a.proto = f.nw_proto;
+      std::memcpy(a.set.val, &f.tp_src, 4);
+      std::memcpy(a.set.msk, &p.tp_src, 4);
+      out_.actions.push_back(a);
+    }
+    std::memcpy(&base_, &flow_, kKeyBytes);
+    std::memset(&pending_, 0, sizeof pending_);
+  }
+
+  void finish() {
+    if (error_) {
+      out_.actions.clear();
+      out_.has_output = false;
+    }
+    bool pop = !out_.actions.empty() && out_.actions.back().type == Dp::TNL_POP;
+    if (!out_.has_output && !pop) {
+      out_.actions.clear();
+      DpAction d;
+      d.type = Dp::DROP;
+      d.reason = reason_ == DROP_NONE ? static_cast<uint16_t>(DROP_NO_OUTPUT) : reason_;
+      out_.actions.push_back(d);
+      out_.drop_reason = d.reason;
+    }
+    if (env_.tenants) {
+      auto it = env_.tenants->find(flow_.metadata);
+      out_.tenant = it == env_.tenants->end() ? 0 : it->second;
+    }
+    out_.final_flow = flow_;
+  }
+
+  const XlateEnv& env_;
+  XlateOut& out_;
+  std::vector<TraceEvent>* trace_;
+  Flow flow_{}, base_{}, pending_{}, written_{};
+  int depth_ = 0, resubmits_ = 0;
+  uint8_t table_ = 0;
+  bool exit_ = false, error_ = false;
+  uint16_t reason_ = DROP_NONE;
+};
+
+std::string mac_text(const uint8_t* m) {
+  char b[24];
+  std::snprintf(b, sizeof b, "%02x:%02x:%02x:%02x:%02x:%02x", m[0], m[1], m[2], m[3], m[4], m[5]);
+  return b;
+}
+
+std::string ip4_text(const uint8_t* p) {
+  char b[20];
+  std::snprintf(b, sizeof b, "%u.%u.%u.%u", p[0], p[1], p[2], p[3]);
+  return b;
+}
+
+std::string ip6_text(const uint8_t* p) {
+  u128 v = 0;
+  for (int i = 0; i < 16; i++) v = (v << 8) | p[i];
+  return format_field_value(field_def(FieldId::IPV6_SRC), v, ~static_cast<u128>(0), nullptr);
+}
+
+// "name=value" for a masked run of bytes, "" when the mask is zero.
+std::string set_item(const char* name, const uint8_t* v, const uint8_t* m, int n,
+                     std::string (*fmt)(const uint8_t*)) {
+  if (!bytes_nonzero(m, static_cast<size_t>(n))) return "";
+  bool full = true;
+  for (int i = 0; i < n; i++) full &= m[i] == 0xff;
+  std::string s = std::string(name) + "=" + fmt(v);
+  if (!full) s += "/" + fmt(m);
+  return s;
+}
+
+std::string dec_text(const uint8_t* p) { return std::to_string(p[0]); }
+std::string port16_text(const uint8_t* p) { return std::to_string((p[0] << 8) | p[1]); }
+
+std::string join(const std::vector<std::string>& items) {
+  std::string s;
+  for (const std::string& i : items) {
+    if (i.empty()) continue;
+    if (!s.empty()) s += ',';
+    s += i;
+  }
+  return s;
+}
+
+}  // namespace
+
+void xlate(const XlateEnv& env, const Flow& key, XlateOut* out, std::vector<TraceEvent>* trace) {
+  Ctx ctx(env, out, trace);
+  ctx.run(key);
+}
+
+std::string format_dp_actions(const DpActions& acts, const PortNames* ports) {
+  std::vector<std::string> items;
+  for (size_t i = 0; i < acts.size(); i++) {
+    const DpAction& a = acts[i];
+    const uint8_t *v = a.set.val, *m = a.set.msk;
+    std::string s;
+    switch (a.type) {
+      case Dp::OUTPUT: {
+        std::string n = ports ? ports->port_name(a.port) : "";
+        s = n.empty() ? std::to_string(a.port) : n;
+        break;
+      }
+      case Dp::SET_ETH:
+        s = "set(eth(" + join({set_item("src", v + 6, m + 6, 6, mac_text), set_item("dst", v, m, 6, mac_text)}) + "))";
+        break;
+      case Dp::SET_VLAN: {
+        char b[40];
+        std::snprintf(b, sizeof b, "set(vlan(tci=0x%04x/0x%04x))", (v[0] << 8) | v[1], (m[0] << 8) | m[1]);
+        s = b;
+        break;
+      }
+      case Dp::PUSH_VLAN: {
+        char b[64];
+        std::snprintf(b, sizeof b, "push_vlan(tpid=0x%04x,vid=%u,pcp=%u)", a.tpid, a.tci & 0xfffu, a.tci >> 13);
+        s = b;
+        break;
+      }
+      case Dp::POP_VLAN: s = "pop_vlan"; break;
+      case Dp::SET_IPV4:
+        s = "set(ipv4(" + join({set_item("src", v + 12, m + 12, 4, ip4_text), set_item("dst", v + 16, m + 16, 4, ip4_text),
+                                set_item("tos", v + 1, m + 1, 1, dec_text), set_item("ttl", v + 8, m + 8, 1, dec_text)}) +
+            "))";
+        break;
+      case Dp::SET_IPV6: {
+        uint8_t tc = static_cast<uint8_t>((v[0] << 4) | (v[1] >> 4)), tcm = static_cast<uint8_t>((m[0] << 4) | (m[1] >> 4));
+        s = "set(ipv6(" + join({set_item("src", v + 8, m + 8, 16, ip6_text), set_item("dst", v + 24, m + 24, 16, ip6_text),
+                                set_item("tclass", &tc, &tcm, 1, dec_text), set_item("hlimit", v + 7, m + 7, 1, dec_text)}) +
+            "))";
+        break;
+      }
+      case Dp::SET_L4: {
+        const char* n = a.proto == kIpTcp ? "tcp" : a.proto == kIpUdp ? "udp" : "sctp";
+        s = std::string("set(") + n + "(" + join({set_item("src", v, m, 2, port16_text), set_item("dst", v + 2, m + 2, 2, port16_text)}) + "))";
+        break;
+      }
+      case Dp::SET_ARP: {
+        uint8_t op = v[7];
+        s = "set(arp(" + join({set_item("op", &op, m + 7, 1, dec_text), set_item("sha", v + 8, m + 8, 6, mac_text),
+                               set_item("sip", v + 14, m + 14, 4, ip4_text), set_item("tha", v + 18, m + 18, 6, mac_text),
+                               set_item("tip", v + 24, m + 24, 4, ip4_text)}) +
+            "))";
+        break;
+      }
+      case Dp::TNL_PUSH: {
+        const uint8_t* h = a.tnl.hdr;
+        size_t l4 = a.tnl.ipv6 ? 54 : 34;
+        const uint8_t* vx = h + l4 + 8;
+        uint32_t vni = (static_cast<uint32_t>(vx[4]) << 16) | (vx[5] << 8) | vx[6];
+        std::string src = a.tnl.ipv6 ? ip6_text(h + 22) : ip4_text(h + 26);
+        std::string dst = a.tnl.ipv6 ? ip6_text(h + 38) : ip4_text(h + 30);
+        std::string out = ports ? ports->port_name(a.port) : "";
+        s = "tnl_push(vxlan(vni=" + std::to_string(vni) + ",src=" + src + ",dst=" + dst +
+            ",dport=" + std::to_string((h[l4 + 2] << 8) | h[l4 + 3]) + "),eth(src=" + mac_text(h + 6) +
+            ",dst=" + mac_text(h) + "),out_port=" + (out.empty() ? std::to_string(a.port) : out) + ")";
+        break;
+      }
+      case Dp::TNL_POP: {
+        std::string n = ports ? ports->port_name(a.port) : "";
+        s = "tnl_pop(" + (n.empty() ? std::to_string(a.port) : n) + ")";
+        break;
+      }
+      case Dp::CLONE: {
+        DpActions inner(acts.begin() + static_cast<long>(i) + 1,
+                        acts.begin() + static_cast<long>(i) + 1 + a.n_nested);
+        s = "clone(" + format_dp_actions(inner, ports) + ")";
+        i += a.n_nested;
+        break;
+      }
+      case Dp::DROP: s = std::string("drop(") + drop_reason_name(a.reason) + ")"; break;
+    }
+    items.push_back(s);
+  }
+  return join(items);
+}
+
+}  // namespace dpu

@@ -1,0 +1,52 @@
+"""Build for dpu: the pybind11 core (dpu._core) and the Cython helpers.
+
+The native sources are plain C++17 (native/); only native/bindings/ sees
+Python headers. Set DPU_NATIVE_ARCH=1 to compile for this CPU (-march=native).
+"""
+import os
+import sys
+from glob import glob
+
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
+from setuptools import Extension, setup
+
+ParallelCompile("DPU_BUILD_JOBS", default=os.cpu_count() or 2).install()
+
+CXXFLAGS = ["-O3", "-std=c++17", "-fno-plt", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+if os.environ.get("DPU_NATIVE_ARCH"):
+    CXXFLAGS.append("-march=native")
+if os.environ.get("DPU_DEBUG"):
+    CXXFLAGS = [f for f in CXXFLAGS if f != "-O3"] + ["-O0", "-g", "-fsanitize=address,undefined"]
+
+CORE_SOURCES = sorted(glob("native/src/*.cc")) + ["native/bindings/module.cc"]
+
+ext_modules = [
+    Pybind11Extension(
+        "dpu._core",
+        CORE_SOURCES,
+        include_dirs=["native/include", "native/src"],
+        cxx_std=17,
+        extra_compile_args=CXXFLAGS,
+        extra_link_args=["-fsanitize=address,undefined"] if os.environ.get("DPU_DEBUG") else [],
+    ),
+]
+
+cython_exts = [
+    Extension(
+        "dpu._gen",
+        ["dpu/_gen.pyx", "native/src/pcap.cc"],
+        include_dirs=["native/include", "native/src"],
+        language="c++",
+        extra_compile_args=["-O3", "-std=c++17"],
+    ),
+]
+if all(os.path.exists(e.sources[0]) for e in cython_exts):
+    from Cython.Build import cythonize
+
+    import numpy
+
+    for e in cython_exts:
+        e.include_dirs.append(numpy.get_include())
+    ext_modules += cythonize(cython_exts, language_level=3, compiler_directives={"boundscheck": False, "wraparound": False})
+
+setup(ext_modules=ext_modules, cmdclass={"build_ext": build_ext})
