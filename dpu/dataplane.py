@@ -326,22 +326,29 @@ class Dataplane:
         return len(lines)
 
     def load_flows(self, path: Union[str, os.PathLike], create_ports: bool = False) -> int:
-        """Adds the flows of a file (one per line, # comments), all or nothing.
-
-        Errors name the file's line, not the index among the flows."""
+        """Adds the flows of a file, all or nothing: one flow per line, ``#``
+        comments, blank lines. A line starting with ``group_id=`` is a group
+        (added before the flows, so flows may use it). Errors name the file's line.
+        """
         numbered = read_flows_file(path)
+        groups = [(n, f) for n, f in numbered if f.startswith("group_id=")]
+        flows = [(n, f) for n, f in numbered if not f.startswith("group_id=")]
+        order = groups + flows
         t = self.transaction(create_ports=create_ports)
-        for _, f in numbered:
+        for _, g in groups:
+            t.add_group(g)
+        for _, f in flows:
             t.add_flow(f)
         try:
             t.commit()
         except DpuError as e:
-            if e.line is not None and 0 < e.line <= len(numbered):
-                e.line = numbered[e.line - 1][0]
+            index = e.line if e.line is not None else (1 if len(order) == 1 else None)
+            if index is not None and 0 < index <= len(order):
+                e.line = order[index - 1][0]
                 e.file = str(path)
                 e.args = (_relocate(e, str(path)),)
             raise
-        return len(numbered)
+        return len(flows)
 
     def mod_flows(self, flow: str, strict: bool = False) -> int:
         with self.transaction() as t:
@@ -471,7 +478,7 @@ def _relocate(e: DpuError, path: str) -> str:
     msg = str(e)
     if msg.startswith("line "):
         msg = msg.split(": ", 1)[1] if ": " in msg else msg
-    return f"{path}: line {e.line}: {msg}"
+    return f"{path}:{e.line}: {msg}"
 
 
 from .replay import ReplaySummary  # noqa: E402  (typing reference)

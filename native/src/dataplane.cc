@@ -89,7 +89,8 @@ Status Dataplane::validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortI
     pi.tunnel = ps.tunnel;
     pi.tnl = ps.cfg;
     if (ps.ofport) {
-      if (ps.ofport >= 0xffff0000u || ports_.get(ps.ofport) || tp->names_.count(ps.ofport))
+      if (ps.ofport >= 0xffff0000u || (ports_.get(ps.ofport) && !tp->deleted_.count(ps.ofport)) ||
+          tp->names_.count(ps.ofport))
         return Status::Error(Err::CONFLICT, "port number " + std::to_string(ps.ofport) + " is taken");
       pi.ofport = ps.ofport;
     } else {
@@ -226,7 +227,7 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
       }
     }
     if (!st.ok()) {
-      st.line = line;
+      st.line = txn.ops.size() > 1 ? line : -1;
       return st;
     }
   }

@@ -50,8 +50,8 @@ const FieldDef kFields[kNumFields] = {
     {FieldId::UDP_DST, "udp_dst", "NXM_OF_UDP_DST", OFF(tp_dst), 2, 0, 16, false, true, true, true, Prereq::UDP, Fmt::DEC},
     {FieldId::SCTP_SRC, "sctp_src", "OXM_OF_SCTP_SRC", OFF(tp_src), 2, 0, 16, false, true, true, true, Prereq::SCTP, Fmt::DEC},
     {FieldId::SCTP_DST, "sctp_dst", "OXM_OF_SCTP_DST", OFF(tp_dst), 2, 0, 16, false, true, true, true, Prereq::SCTP, Fmt::DEC},
-    {FieldId::ICMP_TYPE, "icmp_type", "NXM_OF_ICMP_TYPE", static_cast<uint16_t>(OFF(tp_src) + 1), 1, 0, 8, false, false, false, true, Prereq::ICMP, Fmt::DEC},
-    {FieldId::ICMP_CODE, "icmp_code", "NXM_OF_ICMP_CODE", static_cast<uint16_t>(OFF(tp_dst) + 1), 1, 0, 8, false, false, false, true, Prereq::ICMP, Fmt::DEC},
+    {FieldId::ICMP_TYPE, "icmp_type", "NXM_OF_ICMP_TYPE", static_cast<uint16_t>(OFF(tp_src) + 1), 1, 0, 8, false, false, false, true, Prereq::ICMP_ANY, Fmt::DEC},
+    {FieldId::ICMP_CODE, "icmp_code", "NXM_OF_ICMP_CODE", static_cast<uint16_t>(OFF(tp_dst) + 1), 1, 0, 8, false, false, false, true, Prereq::ICMP_ANY, Fmt::DEC},
     {FieldId::ICMPV6_TYPE, "icmpv6_type", "NXM_NX_ICMPV6_TYPE", static_cast<uint16_t>(OFF(tp_src) + 1), 1, 0, 8, false, false, false, true, Prereq::ICMPV6, Fmt::DEC},
     {FieldId::ICMPV6_CODE, "icmpv6_code", "NXM_NX_ICMPV6_CODE", static_cast<uint16_t>(OFF(tp_dst) + 1), 1, 0, 8, false, false, false, true, Prereq::ICMPV6, Fmt::DEC},
     {FieldId::NW_PROTO, "nw_proto", "NXM_OF_IP_PROTO", OFF(nw_proto), 1, 0, 8, false, false, false, true, Prereq::IP_ANY, Fmt::DEC},
@@ -470,6 +470,8 @@ bool prereq_met(Prereq p, const Flow& v, const Flow* m) {
     case Prereq::SCTP: return ip_any(v, m) && proto_is(v, m, kIpSctp);
     case Prereq::ICMP: return type_is(v, m, kEthIp) && proto_is(v, m, kIpIcmp);
     case Prereq::ICMPV6: return type_is(v, m, kEthIpv6) && proto_is(v, m, kIpIcmpv6);
+    case Prereq::ICMP_ANY:
+      return (type_is(v, m, kEthIp) && proto_is(v, m, kIpIcmp)) || (type_is(v, m, kEthIpv6) && proto_is(v, m, kIpIcmpv6));
     case Prereq::VLAN:
       return (!m || (m->vlan_tci & be16(kVlanPresent))) && (v.vlan_tci & be16(kVlanPresent));
   }
@@ -505,6 +507,7 @@ const char* prereq_text(Prereq p) {
     case Prereq::SCTP: return "sctp or sctp6";
     case Prereq::ICMP: return "icmp";
     case Prereq::ICMPV6: return "icmp6";
+    case Prereq::ICMP_ANY: return "icmp or icmp6";
     case Prereq::VLAN: return "a VLAN tag (vlan_tci=0x1000/0x1000)";
   }
   return "?";
@@ -516,7 +519,7 @@ std::string Status::describe() const {
   if (record >= 0) s += "record " + std::to_string(record) + ": ";
   if (line >= 0) s += "line " + std::to_string(line) + ": ";
   if (position >= 0) {
-    s += "position " + std::to_string(position + 1);
+    s += "column " + std::to_string(position + 1);
     if (!token.empty()) s += " ('" + token + "')";
     s += ": ";
   }

@@ -418,49 +418,48 @@ Status parse_one_action(const Item& it, const PortNames* ports, uint8_t table, O
 // Write actions with prerequisites need the match to guarantee them (as OVS's
 // ofpacts_check for set_field/load/move); the OF1.0-style mod_* actions are
 // instead skipped at translation time for packets that lack the header.
-Status check_action_prereqs(const std::vector<OfAction>& acts, const std::vector<int>& pos,
-                            const Match* m) {
+Status check_action_prereqs(const OfAction& a, const Item& it, const Match* m) {
   if (!m) return Status::Ok();
-  for (size_t i = 0; i < acts.size(); i++) {
-    const OfAction& a = acts[i];
-    if (a.type != OfAct::SET_FIELD && a.type != OfAct::LOAD && a.type != OfAct::MOVE) continue;
-    const FieldDef& f = field_def(a.field);
-    if (!prereq_met(f.prereq, m->value, &m->mask))
-      return Status::At(Err::PARSE,
-                        std::string("writing ") + f.name + " needs the flow to match " + prereq_text(f.prereq),
-                        f.name, pos[i]);
-    if (a.type == OfAct::MOVE) {
-      const FieldDef& sf = field_def(a.src_field);
-      if (!prereq_met(sf.prereq, m->value, &m->mask))
-        return Status::At(Err::PARSE,
-                          std::string("reading ") + sf.name + " needs the flow to match " + prereq_text(sf.prereq),
-                          sf.name, pos[i]);
-    }
+  if (a.type != OfAct::SET_FIELD && a.type != OfAct::LOAD && a.type != OfAct::MOVE) return Status::Ok();
+  const FieldDef& f = field_def(a.field);
+  if (!prereq_met(f.prereq, m->value, &m->mask))
+    return err_at(Err::PARSE, std::string("writing ") + f.name + " needs the flow to match " + prereq_text(f.prereq),
+                  it.whole, it.pos);
+  if (a.type == OfAct::MOVE) {
+    const FieldDef& sf = field_def(a.src_field);
+    if (!prereq_met(sf.prereq, m->value, &m->mask))
+      return err_at(Err::PARSE, std::string("reading ") + sf.name + " needs the flow to match " + prereq_text(sf.prereq),
+                    it.whole, it.pos);
   }
   return Status::Ok();
 }
 
 Status parse_actions_impl(std::string_view text, int base, const PortNames* ports, uint8_t table,
-                          std::vector<OfAction>* out, std::vector<int>* positions) {
+                          std::vector<OfAction>* out, const Match* match) {
   std::vector<Item> items;
   Status s = split_items(text, base, &items);
   if (!s.ok()) return s;
-  bool saw_goto = false;
+  bool saw_goto = false, saw_drop = false;
   for (const Item& it : items) {
     OfAction a;
     s = parse_one_action(it, ports, table, &a);
     if (!s.ok()) return s;
+    s = check_action_prereqs(a, it, match);
+    if (!s.ok()) return s;
     if (saw_goto)
       return err_at(Err::PARSE, "goto_table must be the last action", it.whole, it.pos);
     if (a.type == OfAct::GOTO_TABLE) saw_goto = true;
+    if (saw_drop)
+      return err_at(Err::PARSE, "drop(reason) must be the last action", it.whole, it.pos);
     if (a.type == OfAct::DROP) {
-      if (items.size() != 1)
-        return err_at(Err::PARSE, "drop must be the only action", it.whole, it.pos);
-      if (a.arg == 0) return Status::Ok();  // plain drop: empty action list
+      if (a.arg == 0) {
+        if (items.size() != 1) return err_at(Err::PARSE, "drop must be the only action", it.whole, it.pos);
+        return Status::Ok();  // plain drop: empty action list
+      }
+      saw_drop = true;
     }
     a.pos = it.pos;
     out->push_back(a);
-    positions->push_back(it.pos);
   }
   return Status::Ok();
 }
@@ -469,8 +468,7 @@ Status parse_actions_impl(std::string_view text, int base, const PortNames* port
 
 Status parse_actions(std::string_view text, int base_pos, const PortNames* ports, uint8_t table,
                      std::vector<OfAction>* out) {
-  std::vector<int> pos;
-  return parse_actions_impl(text, base_pos, ports, table, out, &pos);
+  return parse_actions_impl(text, base_pos, ports, table, out, nullptr);
 }
 
 // Finds "actions=" (or "action=") at an item boundary.
@@ -639,11 +637,8 @@ Status parse_flow(std::string_view text, FlowCmd cmd, const PortNames* ports, Fl
   if (cmd == FlowCmd::DELETE || cmd == FlowCmd::MATCH_ONLY)
     return Status::At(Err::PARSE, "actions are not allowed when selecting flows", "actions", static_cast<int>(act_kw));
   out->has_actions = true;
-  std::vector<int> pos;
-  s = parse_actions_impl(text.substr(act_start), static_cast<int>(act_start), ports, out->table, &out->actions,
-                         &pos);
-  if (!s.ok()) return s;
-  return check_action_prereqs(out->actions, pos, &out->match);
+  return parse_actions_impl(text.substr(act_start), static_cast<int>(act_start), ports, out->table, &out->actions,
+                            &out->match);
 }
 
 Status parse_group(std::string_view text, bool need_buckets, const PortNames* ports, Group* g) {
@@ -732,8 +727,7 @@ Status parse_group(std::string_view text, bool need_buckets, const PortNames* po
         return err_at(Err::PARSE, "unknown bucket property '" + std::string(it.key) + "'", it.whole, it.pos);
       }
     }
-    std::vector<int> pos;
-    s = parse_actions_impl(acts, acts_base, ports, 0, &b.actions, &pos);
+    s = parse_actions_impl(acts, acts_base, ports, 0, &b.actions, nullptr);
     if (!s.ok()) return s;
     for (const OfAction& a : b.actions) {
       if (a.type == OfAct::GOTO_TABLE)

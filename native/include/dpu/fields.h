@@ -42,7 +42,7 @@ enum class Fmt : uint8_t { DEC, HEX, MAC, IPV4, IPV6, PORT, FRAG, CT_STATE, TCP_
 
 // What a match (or, at translation time, a packet) must be for a field to exist.
 enum class Prereq : uint8_t {
-  NONE, IPV4, IPV6, IP_ANY, ARP, IPV4_OR_ARP, L4, TCP, UDP, SCTP, ICMP, ICMPV6, VLAN
+  NONE, IPV4, IPV6, IP_ANY, ARP, IPV4_OR_ARP, L4, TCP, UDP, SCTP, ICMP, ICMPV6, ICMP_ANY, VLAN
 };
 
 struct FieldDef {

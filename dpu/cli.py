@@ -1,0 +1,304 @@
+"""The ``dpu`` command: parses arguments, calls the Python API, formats results.
+
+Every command shares the API's code path (STYLE.md #10); output formats follow
+the tools users know (ovs-ofctl dump-flows, ofproto/trace, pmd-stats-show).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import List, Optional, Sequence
+
+from .errors import DpuError
+
+
+def _die(msg: str, code: int = 2) -> None:
+    print(f"dpu: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+# ---- building a dataplane from --flows / --config / --ports ---------------------------
+
+
+def _build(args, port_names: Sequence[str] = ()):
+    """A Dataplane from --config (topology) and/or --flows, with the ports the
+    command needs. Without --ports, the ports the flows mention are created."""
+    from .dataplane import Dataplane
+
+    dp = Dataplane()
+    config = getattr(args, "config", None)
+    if config:
+        dp.load_topology(config)
+    explicit = [p for p in (getattr(args, "ports", None) or "").split(",") if p]
+    with dp.transaction() as t:
+        have = set(dp.ports)
+        for name in list(explicit) + list(port_names):
+            if name not in have:
+                t.add_port(name)
+                have.add(name)
+    flows = getattr(args, "flows", None)
+    if flows:
+        dp.load_flows(flows, create_ports=not explicit)
+    return dp
+
+
+def _parse_in(values: Sequence[str]) -> List[tuple]:
+    out = []
+    for v in values:
+        if "=" not in v:
+            _die(f"--in takes PORT=FILE, got '{v}'")
+        port, path = v.split("=", 1)
+        out.append((port, path))
+    return out
+
+
+# ---- progress -------------------------------------------------------------------------
+
+
+class _Progress:
+    """A one-line progress bar on stderr, only on a terminal and for long inputs."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+        self.shown = False
+
+    def __call__(self, done: int, total: int, packets: int) -> None:
+        if not self.enabled or total <= 0:
+            return
+        elapsed = time.perf_counter() - self.t0
+        if not self.shown and elapsed < 0.5:
+            return
+        frac = min(done / total, 1.0)
+        width = 30
+        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+        rate = packets / elapsed / 1e6 if elapsed > 0 else 0.0
+        sys.stderr.write(f"\r[{bar}] {frac * 100:5.1f}%  {packets:,} packets  {rate:.2f} Mpps")
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+
+
+# ---- commands ---------------------------------------------------------------------------
+
+
+def cmd_replay(args) -> int:
+    inputs = _parse_in(args.inputs)
+    if not args.flows and not args.config:
+        _die("replay needs --flows and/or --config")
+    dp = _build(args, [p for p, _ in inputs])
+    progress = _Progress(not args.no_progress)
+    try:
+        summary = dp.replay(inputs, args.out_dir, progress=progress)
+    except DpuError as e:
+        progress.close()
+        partial = getattr(e, "summary", None)
+        if partial is not None and not args.json:
+            print(partial.render())
+        elif partial is not None:
+            d = partial.as_dict()
+            d["error"] = str(e)
+            print(json.dumps(d, sort_keys=True))
+        raise
+    progress.close()
+    if args.json:
+        print(summary.to_json())
+    else:
+        print(summary.render())
+        for port, path in summary.outputs.items():
+            print(f"  {port}: {path}")
+    return 0
+
+
+def _scapy_eval(expr: str):
+    import scapy.all as scapy_all
+
+    namespace = {k: getattr(scapy_all, k) for k in dir(scapy_all) if not k.startswith("_")}
+    try:
+        pkt = eval(expr, {"__builtins__": {}}, namespace)  # the user's own scapy expression
+    except Exception as e:  # noqa: BLE001 - report any scapy/Python error plainly
+        _die(f"cannot build packet from '{expr}': {e}")
+    return pkt
+
+
+def cmd_trace(args) -> int:
+    if not args.flows and not args.config:
+        _die("trace needs --flows and/or --config")
+    if args.hex:
+        try:
+            data = bytes.fromhex(args.hex.replace(":", "").replace(" ", ""))
+        except ValueError:
+            _die("--hex takes hexadecimal bytes")
+    elif args.packet:
+        data = bytes(_scapy_eval(args.packet))
+    else:
+        _die("trace needs a scapy expression or --hex")
+    dp = _build(args, [args.in_port])
+    tr = dp.trace(data, args.in_port)
+    if args.json:
+        from dataclasses import asdict
+
+        d = asdict(tr)
+        d["outputs"] = [{"port": p, "hex": b.hex()} for p, b in tr.outputs]
+        print(json.dumps(d, indent=2))
+    else:
+        print(tr)
+    return 0
+
+
+def cmd_flows(args) -> int:
+    dp = _build(args)
+    for f in dp.dump_flows():
+        print(f.spec if args.plain else f)
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from .topology import compile_topology, load_topology
+
+    comp = compile_topology(load_topology(args.topology))
+    if args.check:
+        from .dataplane import Dataplane
+
+        Dataplane.from_topology(comp.topology)
+    sys.stdout.write(comp.text())
+    return 0
+
+
+def cmd_gen(args) -> int:
+    from . import gen
+
+    vary = {}
+    for v in args.vary or []:
+        if "=" not in v:
+            _die(f"--vary takes FIELD=RANGE, got '{v}'")
+        k, r = v.split("=", 1)
+        vary[k] = r
+    t0 = time.perf_counter()
+    n = gen.generate_pcap(args.output, args.template, args.count, flows=args.flows, vary=vary or None,
+                          size=args.size, seed=args.seed)
+    dt = time.perf_counter() - t0
+    print(f"wrote {n} packets to {args.output} in {dt:.2f}s ({n / dt / 1e6:.2f} Mpps)")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+
+    names = args.scenarios or list(bench.SCENARIOS)
+    for name in names:
+        if name not in bench.SCENARIOS:
+            _die(f"unknown scenario '{name}' (known: {', '.join(bench.SCENARIOS)})")
+    for name in names:
+        res = bench.run(name, packets=args.packets, repeat=args.repeat, stages=args.stages)
+        if args.json:
+            print(json.dumps(res, sort_keys=True), flush=True)
+        else:
+            print(bench.render(res), flush=True)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(out_dir=args.out_dir, packets=args.packets, as_json=args.json)
+
+
+# ---- main ----------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dpu", description="A userspace packet dataplane.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def pipeline_args(sp):
+        sp.add_argument("--flows", help="flows file (ovs-ofctl syntax, one per line, # comments)")
+        sp.add_argument("--config", help="tenant topology file (YAML)")
+        sp.add_argument("--ports", help="comma-separated port names (default: every port the flows name)")
+
+    sp = sub.add_parser("demo", help="run the built-in topology and traffic through the pipeline")
+    sp.add_argument("--out-dir", default="dpu-demo", help="where to write input and output pcaps")
+    sp.add_argument("--packets", type=int, default=200_000, help="packets of generated traffic")
+    sp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    sp.set_defaults(func=cmd_demo)
+
+    sp = sub.add_parser("replay", help="replay pcaps through the pipeline, one output pcap per port")
+    pipeline_args(sp)
+    sp.add_argument("--in", dest="inputs", action="append", default=[], metavar="PORT=FILE", required=True,
+                    help="input capture for a port (repeatable)")
+    sp.add_argument("--out-dir", required=True, help="directory for <port>.pcap outputs")
+    sp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    sp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sp.set_defaults(func=cmd_replay)
+
+    sp = sub.add_parser("trace", help="show how one packet goes through the tables (like ofproto/trace)")
+    pipeline_args(sp)
+    sp.add_argument("--in-port", required=True, help="port the packet arrives on")
+    sp.add_argument("--hex", help="the packet as hex bytes")
+    sp.add_argument("--json", action="store_true", help="print the trace as JSON")
+    sp.add_argument("packet", nargs="?", help="scapy expression, e.g. 'Ether()/IP(dst=\"10.0.0.5\")/UDP()'")
+    sp.set_defaults(func=cmd_trace)
+
+    sp = sub.add_parser("flows", help="load flows (and/or a topology) and print them as dump-flows does")
+    pipeline_args(sp)
+    sp.add_argument("file", nargs="?", help="flows file (same as --flows)")
+    sp.add_argument("--plain", action="store_true", help="print re-loadable flows without counters")
+    sp.set_defaults(func=lambda a: cmd_flows(_merge_file(a)))
+
+    sp = sub.add_parser("compile", help="print the flows a tenant topology compiles to")
+    sp.add_argument("topology", help="topology file (YAML)")
+    sp.add_argument("--check", action="store_true", help="also load the result into a dataplane")
+    sp.set_defaults(func=cmd_compile)
+
+    sp = sub.add_parser("gen", help="generate traffic from a scapy template into a pcap")
+    sp.add_argument("template", help="scapy expression, e.g. 'Ether()/IP()/UDP()'")
+    sp.add_argument("-n", "--count", type=int, default=1000, help="number of packets")
+    sp.add_argument("--flows", type=int, default=None, help="number of distinct flows")
+    sp.add_argument("--vary", action="append", metavar="FIELD=RANGE",
+                    help="field to vary per flow, e.g. ip.dst=10.0.0.0/16 or udp.sport=1000-2000")
+    sp.add_argument("--size", type=int, default=None, help="frame size in bytes (padded)")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("-o", "--output", required=True, help="output pcap")
+    sp.set_defaults(func=cmd_gen)
+
+    sp = sub.add_parser("bench", help="measure packet rates (Mpps, ns/packet)")
+    sp.add_argument("scenarios", nargs="*", help="scenario names (default: all)")
+    sp.add_argument("--json", action="store_true", help="one JSON object per line per scenario")
+    sp.add_argument("--packets", type=int, default=None, help="packets per measured run")
+    sp.add_argument("--repeat", type=int, default=5, help="measured runs; the median is reported")
+    sp.add_argument("--stages", action="store_true", help="also measure ns/packet per stage")
+    sp.set_defaults(func=cmd_bench)
+    return p
+
+
+def _merge_file(args):
+    if args.file and not args.flows:
+        args.flows = args.file
+    if not args.flows and not args.config:
+        _die("flows needs a flows file and/or --config")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except DpuError as e:
+        print(f"dpu: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""ovs-ofctl flow syntax: parsing, canonical dumps, errors, flow_mod semantics."""
+import pytest
+
+from dpu import Dataplane
+from dpu.errors import (
+    BadValueError,
+    ConflictError,
+    FlowParseError,
+    UnknownFieldError,
+    UnknownGroupError,
+    UnknownPortError,
+    UnknownTableError,
+)
+
+PORTS = ["vm1", "vm2", "vm3"]
+
+
+def dp_with(*flows):
+    dp = Dataplane(ports=PORTS)
+    if flows:
+        dp.add_flows(list(flows))
+    return dp
+
+
+# {input, canonical dump (match + actions)}: parse -> format must give the canonical
+# text, and that text must parse back to the same rule.
+ROUND_TRIP = [
+    ("in_port=vm1,actions=output:vm2", "in_port=vm1", "output:vm2"),
+    ("priority=100,ip,nw_dst=10.0.0.0/24,actions=mod_dl_dst:02:00:00:00:00:02,dec_ttl,output:vm2",
+     "priority=100,ip,nw_dst=10.0.0.0/24", "mod_dl_dst:02:00:00:00:00:02,dec_ttl,output:vm2"),
+    ("tcp,tp_dst=0x50/0xfff0,actions=drop", "tcp,tp_dst=0x50/0xfff0", "drop"),
+    ("udp6,ipv6_src=2001:db8::/32,udp_dst=53,actions=vm3", "udp6,ipv6_src=2001:db8::/32,tp_dst=53", "output:vm3"),
+    ("arp,arp_op=1,arp_tpa=10.0.0.1,actions=in_port", "arp,arp_tpa=10.0.0.1,arp_op=1", "in_port"),
+    ("dl_vlan=10,actions=strip_vlan,output:vm2", "dl_vlan=10", "strip_vlan,output:vm2"),
+    ("dl_vlan=0xffff,actions=mod_vlan_vid:7,output:vm2", "vlan_tci=0x0000", "mod_vlan_vid:7,output:vm2"),
+    ("dl_dst=01:00:00:00:00:00/01:00:00:00:00:00,actions=flood", "dl_dst=01:00:00:00:00:00/01:00:00:00:00:00", "flood"),
+    ("ip,nw_src=10.0.0.0/255.0.255.0,actions=drop", "ip,nw_src=10.0.0.0/255.0.255.0", "drop"),
+    ("ip,nw_frag=later,actions=drop", "ip,nw_frag=later", "drop"),
+    ("icmp,icmp_type=8,icmp_code=0,actions=drop", "icmp,icmp_type=8,icmp_code=0", "drop"),
+    ("icmp6,icmpv6_type=135,actions=drop", "icmp6,icmp_type=135", "drop"),
+    ("reg0=0x5/0xff,metadata=0x64,actions=resubmit(,2)", "metadata=0x64,reg0=0x5/0xff", "resubmit(,2)"),
+    ("arp,actions=load:0x2->NXM_OF_ARP_OP[],move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[]", "arp",
+     "load:0x2->NXM_OF_ARP_OP[],move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[]"),
+    ("actions=load:0x1->reg0[0..3],move:reg0[0..3]->reg1[4..7],resubmit(vm2,3)", "",
+     "load:0x1->NXM_NX_REG0[0..3],move:NXM_NX_REG0[0..3]->NXM_NX_REG1[4..7],resubmit(vm2,3)"),
+    ("ip,actions=set_field:10.1.1.1->ip_dst,set_field:0x5->tun_id,output:vm2", "ip",
+     "set_field:10.1.1.1->nw_dst,set_field:0x5->tun_id,output:vm2"),
+    ("tcp,tcp_flags=+syn-ack,actions=drop", "tcp,tcp_flags=+syn-ack", "drop"),
+    ("ip,nw_tos=16,nw_ecn=1,nw_ttl=3,actions=mod_nw_tos:32,output:vm2", "ip,nw_tos=16,nw_ecn=1,nw_ttl=3",
+     "mod_nw_tos:32,output:vm2"),
+    ("actions=write_metadata:0x10/0xff,note:de.ad.be.ef,goto_table:5", "",
+     "write_metadata:0x10/0xff,note:de.ad.be.ef,goto_table:5"),
+    ("actions=push_vlan:0x8100,mod_vlan_pcp:5,pop_vlan,all", "", "push_vlan:0x8100,mod_vlan_pcp:5,pop_vlan,all"),
+    ("in_port=vm1 priority=7 actions=drop(spoofed)", "priority=7,in_port=vm1", "drop(spoofed)"),
+    ("ct_state=+trk+est,tun_id=0x64/0xff,tun_src=192.0.2.2,actions=drop", "ct_state=+est+trk,tun_id=0x64/0xff,tun_src=192.0.2.2", "drop"),
+]
+
+
+@pytest.mark.parametrize("text,match,actions", ROUND_TRIP, ids=[r[0][:40] for r in ROUND_TRIP])
+def test_round_trip(text, match, actions):
+    dp = dp_with(text)
+    (f,) = dp.dump_flows()
+    assert f.match == match
+    assert f.actions == actions
+    dp2 = Dataplane(ports=PORTS)
+    dp2.add_flow(f.spec)
+    (g,) = dp2.dump_flows()
+    assert (g.match, g.actions, g.table, g.priority) == (f.match, f.actions, f.table, f.priority)
+
+
+def test_dump_flows_line_format():
+    dp = dp_with("table=3,priority=100,cookie=0x2a,in_port=vm1,actions=output:vm2")
+    (f,) = dp.dump_flows()
+    assert f.startswith("cookie=0x2a, duration=")
+    assert f.endswith("table=3, n_packets=0, n_bytes=0, priority=100,in_port=vm1 actions=output:vm2")
+    dp.warp(5)
+    (f,) = dp.dump_flows()
+    assert f.duration >= 5.0
+
+
+# {flow, exception, token, 0-based position}
+ERRORS = [
+    ("in_port=vm1,nw_dsst=10.0.0.1,actions=drop", UnknownFieldError, "nw_dsst", 12),
+    ("in_port=vm9,actions=drop", UnknownPortError, "vm9", 8),
+    ("table=300,actions=drop", UnknownTableError, "table=300", 0),
+    ("ip,nw_dst=10.0.0.0/33,actions=drop", BadValueError, "10.0.0.0/33", 10),
+    ("ip,nw_dst=10.0.0.256,actions=drop", BadValueError, "10.0.0.256", 10),
+    ("tcp_dst=80,actions=drop", FlowParseError, "tcp_dst=80", 0),
+    ("nw_src=1.2.3.4,actions=drop", FlowParseError, "nw_src=1.2.3.4", 0),
+    ("in_port=vm1", FlowParseError, None, None),
+    ("ip,actions=output:vm7", UnknownPortError, "vm7", 18),
+    ("table=2,actions=goto_table:1", FlowParseError, "1", 27),
+    ("actions=goto_table:2,output:vm1", FlowParseError, "output:vm1", 21),
+    ("actions=resubmit(,2),bogus", FlowParseError, "bogus", 21),
+    ("actions=controller", FlowParseError, "controller", 8),
+    ("actions=output:vm1,drop", FlowParseError, "drop", 19),
+    ("actions=drop(nonsense)", FlowParseError, "nonsense", 13),
+    ("actions=drop(spoofed),output:vm1", FlowParseError, "output:vm1", 22),
+    ("dl_src=02:00:00:00:00,actions=drop", BadValueError, "02:00:00:00:00", 7),
+    ("ip,nw_tos=3,actions=drop", BadValueError, "3", 10),
+    ("dl_type=0x0800,dl_type=0x86dd,actions=drop", FlowParseError, "dl_type=0x86dd", 15),
+    ("actions=set_field:1.2.3.4->ip_dst", FlowParseError, "set_field:1.2.3.4->ip_dst", 8),
+    ("actions=load:0x1ff->reg0[0..7]", BadValueError, "0x1ff", 13),
+    ("actions=move:reg0[0..7]->reg1[0..3]", BadValueError, None, 8),
+    ("priority=70000,actions=drop", BadValueError, "priority=70000", 0),
+    ("in_port=vm1,idle_timeout=10,actions=drop", FlowParseError, "idle_timeout=10", 12),
+    ("ip,nw_dst=10.0.0.1/255.255.0.0,actions=drop", BadValueError, None, None),
+    ("actions=resubmit(,300)", UnknownTableError, "300", 18),
+    ("recirc_id=1,actions=drop", UnknownFieldError, "recirc_id", 0),
+    ("actions=output(", FlowParseError, None, None),
+]
+
+
+@pytest.mark.parametrize("text,exc,token,pos", ERRORS, ids=[e[0][:40] for e in ERRORS])
+def test_errors_name_token_and_position(text, exc, token, pos):
+    dp = Dataplane(ports=PORTS)
+    with pytest.raises(exc) as ei:
+        dp.add_flow(text)
+    if token is not None:
+        assert ei.value.token == token
+        assert text[ei.value.position:].startswith(token)
+        assert f"column {pos + 1}" in str(ei.value)
+    assert not dp.dump_flows(), "nothing may be applied"
+
+
+def test_add_flows_is_all_or_nothing_and_names_the_line():
+    dp = dp_with("priority=1,actions=drop")
+    with pytest.raises(BadValueError) as ei:
+        dp.add_flows(["ip,actions=output:vm2", "# comment", "ip,nw_src=1.2.3,actions=drop", "arp,actions=drop"])
+    assert ei.value.line == 2  # second flow (comments are not flows)
+    assert [f.match for f in dp.dump_flows()] == ["priority=1"]
+
+
+def test_flows_file_errors_name_file_line(tmp_path):
+    f = tmp_path / "rules.txt"
+    f.write_text("# rules\n\nin_port=vm1,actions=output:vm2\nin_port=vm2,actions=output:vm9\n")
+    dp = Dataplane(ports=PORTS)
+    with pytest.raises(UnknownPortError) as ei:
+        dp.load_flows(f)
+    assert ei.value.line == 4 and ei.value.file == str(f)
+    assert str(ei.value).startswith(f"{f}:4: ")
+    assert not dp.dump_flows()
+
+
+def test_flows_file_with_groups(tmp_path):
+    f = tmp_path / "rules.txt"
+    f.write_text("in_port=vm1,actions=group:7\ngroup_id=7,type=all,bucket=actions=output:vm2,bucket=actions=output:vm3\n")
+    dp = Dataplane(ports=PORTS)
+    assert dp.load_flows(f) == 1
+    assert [g.group_id for g in dp.dump_groups()] == [7]
+
+
+def test_del_flows_non_strict_and_strict():
+    dp = dp_with(
+        "table=0,priority=10,in_port=vm1,actions=drop",
+        "table=0,priority=20,in_port=vm1,ip,actions=drop",
+        "table=1,priority=10,in_port=vm1,actions=drop",
+        "table=0,priority=10,in_port=vm2,actions=drop",
+    )
+    # strict: exact match and priority only
+    assert dp.del_flows("table=0,priority=20,in_port=vm1", strict=True) == 0
+    assert dp.del_flows("table=0,priority=20,in_port=vm1,ip", strict=True) == 1
+    # non-strict: every flow the match covers, any priority; no table = all tables
+    assert dp.del_flows("in_port=vm1") == 2
+    assert [f.match for f in dp.dump_flows()] == ["priority=10,in_port=vm2"]
+    assert dp.del_flows() == 1
+    assert dp.dump_flows() == []
+
+
+def test_del_flows_by_cookie_and_out_port():
+    dp = dp_with(
+        "cookie=0x100,in_port=vm1,actions=output:vm2",
+        "cookie=0x101,in_port=vm2,actions=output:vm3",
+        "cookie=0x200,in_port=vm3,actions=output:vm2",
+    )
+    assert dp.del_flows("cookie=0x100/0xff00") == 2
+    assert [f.cookie for f in dp.dump_flows()] == [0x200]
+    assert dp.del_flows("out_port=vm3") == 0
+    assert dp.del_flows("out_port=vm2") == 1
+
+
+def test_add_replaces_same_match_and_priority_keeping_counters():
+    dp = dp_with("priority=5,in_port=vm1,actions=output:vm2")
+    dp.process(b"\x02" * 60, in_port="vm1")
+    dp.add_flow("priority=5,in_port=vm1,actions=output:vm3")
+    (f,) = dp.dump_flows()
+    assert f.actions == "output:vm3" and f.n_packets == 1
+    assert [o.port for o in dp.process(b"\x02" * 60, in_port="vm1")] == ["vm3"]
+
+
+def test_mod_flows():
+    dp = dp_with("priority=5,in_port=vm1,actions=output:vm2", "priority=6,in_port=vm1,ip,actions=output:vm2")
+    assert dp.mod_flows("in_port=vm1,actions=output:vm3") == 2
+    assert {f.actions for f in dp.dump_flows()} == {"output:vm3"}
+    assert dp.mod_flows("priority=6,in_port=vm1,ip,actions=drop", strict=True) == 1
+
+
+def test_dump_flows_selector_and_order():
+    dp = dp_with("table=1,priority=1,actions=drop", "table=0,priority=1,actions=drop", "table=0,priority=9,ip,actions=drop")
+    assert [(f.table, f.priority) for f in dp.dump_flows()] == [(0, 9), (0, 1), (1, 1)]
+    assert [(f.table, f.priority) for f in dp.dump_flows("table=0,ip")] == [(0, 9)]
+
+
+def test_groups_validation():
+    dp = Dataplane(ports=PORTS)
+    with pytest.raises(UnknownGroupError):
+        dp.add_flow("actions=group:1")
+    dp.add_group("group_id=1,type=select,bucket=weight:3,actions=output:vm2,bucket=weight:1,actions=output:vm3")
+    with pytest.raises(ConflictError):
+        dp.add_group("group_id=1,type=all,bucket=actions=output:vm2")
+    with pytest.raises(UnknownPortError):
+        dp.add_group("group_id=2,type=all,bucket=actions=output:nope")
+    with pytest.raises(BadValueError):
+        dp.add_group("group_id=3,type=fast_failover,bucket=actions=output:vm2")
+    with pytest.raises(BadValueError):
+        dp.add_group("group_id=3,type=select,bucket=weight:0,actions=output:vm2")
+    dp.add_flow("in_port=vm1,actions=group:1")
+    (g,) = dp.dump_groups()
+    assert g.text == ("group_id=1,type=select,bucket=bucket_id:0,weight:3,actions=output:vm2,"
+                      "bucket=bucket_id:1,weight:1,actions=output:vm3")
+    # Deleting a group deletes the flows that use it (OpenFlow).
+    assert dp.del_groups("group_id=1") == 1
+    assert dp.dump_flows() == [] and dp.dump_groups() == []
+
+
+def test_transaction_is_atomic():
+    dp = dp_with("priority=1,in_port=vm1,actions=output:vm2")
+    with pytest.raises(UnknownPortError):
+        with dp.transaction() as t:
+            t.del_flows()
+            t.add_flow("in_port=vm1,actions=output:vm3")
+            t.add_flow("in_port=vm1,actions=output:nope")
+    assert [f.actions for f in dp.dump_flows()] == ["output:vm2"]
+
+
+def test_unknown_port_in_process_and_duplicate_port():
+    dp = Dataplane(ports=PORTS)
+    with pytest.raises(UnknownPortError):
+        dp.process(b"\x00" * 60, in_port="nope")
+    with pytest.raises(ConflictError):
+        dp.add_port("vm1")
