@@ -19,6 +19,7 @@ if os.environ.get("DPU_DEBUG"):
     CXXFLAGS = [f for f in CXXFLAGS if f != "-O3"] + ["-O0", "-g", "-fsanitize=address,undefined"]
 
 CORE_SOURCES = sorted(glob("native/src/*.cc")) + ["native/bindings/module.cc"]
+HEADERS = sorted(glob("native/include/dpu/*")) + sorted(glob("native/src/*.h"))
 
 ext_modules = [
     Pybind11Extension(
@@ -26,6 +27,7 @@ ext_modules = [
         CORE_SOURCES,
         include_dirs=["native/include", "native/src"],
         cxx_std=17,
+        depends=HEADERS,
         extra_compile_args=CXXFLAGS,
         extra_link_args=["-fsanitize=address,undefined"] if os.environ.get("DPU_DEBUG") else [],
     ),

@@ -145,7 +145,7 @@ inline uint32_t hash_key(const Flow& f) { return hash_key_words(words(f), 0x5bd1
 //   IPv6: ipv6_src(16) ipv6_dst(16) nw_proto(1) tp_src(2) tp_dst(2)
 //   other: dl_src(6) dl_dst(6) dl_type(2)
 // all in network byte order; tp_* are zero unless the packet is TCP, UDP or
-// SCTP and not a later fragment.
+// SCTP and not a later fragment; then MurmurHash3's 32-bit finaliser.
 inline uint32_t fnv1a(uint32_t h, const uint8_t* p, size_t n) {
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
   return h;
@@ -179,6 +179,13 @@ inline uint32_t hash_5tuple(const Flow& f) {
     h = fnv1a(h, f.dl_dst, 6);
     h = fnv1a(h, reinterpret_cast<const uint8_t*>(&f.dl_type), 2);
   }
+  // FNV's low bits depend only on the inputs' low bits: finish with MurmurHash3's
+  // fmix32 so that `h % n` spreads.
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
   return h;
 }
 
