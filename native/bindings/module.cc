@@ -10,6 +10,9 @@
 #include <pybind11/stl.h>
 
 #include <arpa/inet.h>
+#include <x86intrin.h>
+
+#include <chrono>
 
 #include "../src/dataplane.h"
 #include "../src/runner.h"
@@ -139,6 +142,16 @@ const char* const kOpNames[] = {"add_flow", "mod_flows", "mod_flows_strict", "de
 PYBIND11_MODULE(_core, m) {
   m.doc() = "dpu native core (see native/ and DESIGN.md)";
 
+  m.def("tsc_hz", [] {
+    // Calibrates the cycle counter the worker's stage profiler reads.
+    auto t0 = std::chrono::steady_clock::now();
+    uint64_t c0 = __rdtsc();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(50)) {
+    }
+    uint64_t c1 = __rdtsc();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return static_cast<double>(c1 - c0) / s;
+  });
   m.def("drop_reasons", [] {
     std::vector<std::pair<std::string, std::string>> v;
     for (int r = 0; r < drop_reason_count(); r++) v.emplace_back(drop_reason_name(r), drop_reason_help(r));

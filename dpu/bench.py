@@ -1,0 +1,324 @@
+"""Benchmark scenarios, shared by ``dpu bench`` and the pytest-benchmark suite in bench/.
+
+Every scenario builds a dataplane and its traffic (with dpu.gen), warms the
+caches, then runs the native benchmark loop (worker 0, one core, GIL released)
+``repeat`` times over in-memory 64-byte packets and reports the median:
+
+    {"scenario", "flows", "rules", "packet_size", "mpps", "ns_per_packet", ...}
+
+The loop copies each packet into a pool buffer as a NIC would, runs the whole
+fast path (parse, EMC, megaflow cache, actions) and discards what is sent after
+counting it. ``stages=True`` adds ns/packet per stage from the worker's cycle
+counters (a second, profiled run).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import gen
+from .dataplane import Dataplane
+
+PACKET_SIZE = 64
+ROUTER_MAC = "02:00:00:00:0f:01"
+
+
+def _ip(base: int, i: int) -> str:
+    v = base + i
+    return f"{v >> 24 & 255}.{v >> 16 & 255}.{v >> 8 & 255}.{v & 255}"
+
+
+def _ipint(s: str) -> int:
+    a, b, c, d = (int(x) for x in s.split("."))
+    return a << 24 | b << 16 | c << 8 | d
+
+
+# ---- scenario builders: (dataplane, packets, input ports array, info) ------------------
+
+def _l3(flows: int):
+    n_routes = 1000
+    dp = Dataplane(ports=["p1", "r1", "r2", "r3", "r4"])
+    base = _ipint("10.0.0.0")
+    rules = [
+        f"table=0,priority=100,in_port=p1,ip,nw_dst={_ip(base, i)},"
+        f"actions=mod_dl_dst:02:00:00:{i >> 16 & 255:02x}:{i >> 8 & 255:02x}:{i & 255:02x},dec_ttl,output:r{i % 4 + 1}"
+        for i in range(n_routes)
+    ]
+    dp.add_flows(rules)
+    vary = {"ip.dst": f"10.0.0.0-{_ip(base, n_routes - 1)}", "udp.sport": "1024-65535"}
+    pkts = gen.generate(f'Ether(dst="{ROUTER_MAC}",src="02:00:00:00:0a:01")/IP(src="172.16.0.1",dst="10.0.0.0",ttl=64)/UDP(sport=1024,dport=5000)',
+                        flows, flows=flows, vary=vary, size=PACKET_SIZE)
+    ports = np.full(len(pkts), dp.port_number("p1"), dtype=np.uint32)
+    return dp, pkts, ports, {"flows": flows, "rules": len(rules)}
+
+
+def _rules_10k():
+    flows = 1000
+    dp = Dataplane(ports=["p1", "r1", "r2"])
+    src0, dst0 = _ipint("172.16.0.0"), _ipint("10.0.0.0")
+    rules: List[str] = []
+    for k in range(2000):  # table 0: ACL on the source address
+        rules.append(f"table=0,priority={100 + k % 7},in_port=p1,ip,nw_src={_ip(src0, k)},actions=load:{k % 8}->NXM_NX_REG0[0..2],goto_table:1")
+    for k in range(2000):  # table 1: destination classes
+        rules.append(f"table=1,priority=100,ip,nw_dst={_ip(dst0, k)},actions=write_metadata:{k % 16:#x},goto_table:2")
+    for k in range(2000):  # table 2: services by UDP port
+        rules.append(f"table=2,priority=100,udp,tp_dst={5000 + k},actions=goto_table:3")
+    for k in range(2000):  # table 3: per register class and /24
+        rules.append(f"table=3,priority=100,reg0={k % 8},ip,nw_dst={_ip(dst0, (k // 8) * 256)}/24,actions=goto_table:4")
+    for k in range(2000):  # table 4: next hop per destination
+        rules.append(f"table=4,priority=100,ip,nw_dst={_ip(dst0, k)},actions=mod_dl_dst:02:00:00:00:{k >> 8 & 255:02x}:{k & 255:02x},dec_ttl,output:r{k % 2 + 1}")
+    dp.add_flows(rules)
+    vary = {"ip.src": f"172.16.0.0-{_ip(src0, flows - 1)}"}
+    pkts = gen.generate('Ether(dst="02:00:00:00:0f:01",src="02:00:00:00:0a:01")/IP(src="172.16.0.0",dst="10.0.0.0",ttl=64)/UDP(sport=1024,dport=5000)',
+                        flows, flows=flows, vary=vary, size=PACKET_SIZE)
+    # Destination and UDP port follow the source so each flow walks all five tables.
+    ports = np.full(len(pkts), dp.port_number("p1"), dtype=np.uint32)
+    return dp, _steer(pkts), ports, {"flows": flows, "rules": len(rules)}
+
+
+def _steer(pkts):
+    """rules-10k traffic: flow i goes to 10.0.(i/256).(i%256), UDP port 5000+i
+    (written here with incremental checksum fixes kept valid by regenerating)."""
+    data = pkts.data.copy()
+    for i in range(len(pkts)):
+        o = int(pkts.offsets[i])
+        k = i % 2000
+        dst = _ipint("10.0.0.0") + k
+        ip = o + 14
+        data[ip + 16:ip + 20] = np.frombuffer(dst.to_bytes(4, "big"), dtype=np.uint8)
+        data[ip + 22:ip + 24] = np.frombuffer((5000 + k).to_bytes(2, "big"), dtype=np.uint8)
+        data[ip + 10:ip + 12] = 0
+        hdr = data[ip:ip + 20].tobytes()
+        s = sum(int.from_bytes(hdr[j:j + 2], "big") for j in range(0, 20, 2))
+        while s >> 16:
+            s = (s & 0xFFFF) + (s >> 16)
+        data[ip + 10:ip + 12] = np.frombuffer((~s & 0xFFFF).to_bytes(2, "big"), dtype=np.uint8)
+        data[ip + 26:ip + 28] = 0  # UDP checksum: none
+    return gen.Packets(data, pkts.offsets, pkts.lengths, pkts.timestamps_ns)
+
+
+def _overlay_topology(n_tenants: int, endpoints_per_tenant: int, local_per_tenant: int, vteps: int) -> dict:
+    tenants = {}
+    for t in range(n_tenants):
+        vni = 1000 + t
+        ports = {}
+        remote = []
+        for e in range(endpoints_per_tenant):
+            mac = f"02:{t >> 8 & 255:02x}:{t & 255:02x}:00:{e >> 8 & 255:02x}:{e & 255:02x}"
+            ip = f"10.{e >> 8 & 255}.{e & 255}.{10 if e < local_per_tenant else 20}"
+            ip = f"10.0.{e >> 8 & 255}.{(e & 255) + 2}" if endpoints_per_tenant <= 250 else ip
+            if e < local_per_tenant:
+                ports[f"t{t}v{e}"] = {"mac": mac, "ip": ip}
+            else:
+                remote.append({"vtep": f"192.0.2.{2 + (t + e) % vteps}", "mac": mac, "ip": ip})
+        tenants[f"t{t}"] = {
+            "vni": vni,
+            "gateway_mac": "02:00:00:00:01:01",
+            "subnets": [{"cidr": "10.0.0.0/16", "gateway": "10.0.0.1"}],
+            "ports": ports,
+            "remote": remote,
+            "flood": sorted({r["vtep"] for r in remote})[:2],
+        }
+    return {"uplink": {"port": "p0", "ip": "192.0.2.1", "mac": "02:00:00:00:00:01", "nexthop_mac": "02:00:00:00:00:02"},
+            "tenants": tenants}
+
+
+def _vxlan_encap():
+    topo = _overlay_topology(1, 20, 2, 4)
+    dp = Dataplane.from_topology(topo)
+    t = topo["tenants"]["t0"]
+    src, dst = t["ports"]["t0v0"], t["remote"][0]
+    pkts = gen.generate(f'Ether(src="{src["mac"]}",dst="{dst["mac"]}")/IP(src="{src["ip"]}",dst="{dst["ip"]}")/UDP(sport=1024,dport=5000)',
+                        1000, flows=1000, vary={"udp.sport": "1024-65535"}, size=PACKET_SIZE)
+    ports = np.full(len(pkts), dp.port_number("t0v0"), dtype=np.uint32)
+    return dp, pkts, ports, {"flows": 1000, "rules": len(dp.dump_flows())}
+
+
+def _vxlan_decap():
+    topo = _overlay_topology(1, 20, 2, 4)
+    dp = Dataplane.from_topology(topo)
+    t = topo["tenants"]["t0"]
+    dst, src = t["ports"]["t0v0"], t["remote"][0]
+    inner_len = PACKET_SIZE
+    tmpl = (f'Ether(src="02:00:00:00:00:02",dst="02:00:00:00:00:01")/IP(src="{src["vtep"]}",dst="192.0.2.1",flags="DF")'
+            f'/UDP(sport=50000,dport=4789,chksum=0)/VXLAN(flags=0x08,vni={topo["tenants"]["t0"]["vni"]})'
+            f'/Ether(src="{src["mac"]}",dst="{dst["mac"]}")/IP(src="{src["ip"]}",dst="{dst["ip"]}")/UDP(sport=1024,dport=5000)')
+    pkts = gen.generate(tmpl, 1000, flows=1000, vary={"udp.sport": "49152-65535"}, size=inner_len + 50)
+    pkts = _vary_inner_sport(pkts)
+    ports = np.full(len(pkts), dp.port_number("p0"), dtype=np.uint32)
+    return dp, pkts, ports, {"flows": 1000, "rules": len(dp.dump_flows())}
+
+
+def _vary_inner_sport(pkts):
+    """1,000 inner flows: the inner UDP source port follows the outer one (the
+    inner UDP checksum is zeroed: none)."""
+    data = pkts.data.copy()
+    for i in range(len(pkts)):
+        o = int(pkts.offsets[i])
+        inner_udp = o + 50 + 14 + 20
+        data[inner_udp:inner_udp + 2] = np.frombuffer((1024 + i).to_bytes(2, "big"), dtype=np.uint8)
+        data[inner_udp + 6:inner_udp + 8] = 0
+    return gen.Packets(data, pkts.offsets, pkts.lengths, pkts.timestamps_ns)
+
+
+def _tenants_1k():
+    topo = _overlay_topology(1000, 100, 2, 10)
+    t0 = time.perf_counter()
+    dp = Dataplane.from_topology(topo)
+    load_s = time.perf_counter() - t0
+    chunks = []
+    in_ports = []
+    for t in range(0, 1000, 1):
+        ten = topo["tenants"][f"t{t}"]
+        src = ten["ports"][f"t{t}v0"]
+        dst = ten["remote"][t % len(ten["remote"])]
+        chunks.append(gen.generate(f'Ether(src="{src["mac"]}",dst="{dst["mac"]}")/IP(src="{src["ip"]}",dst="{dst["ip"]}")/UDP(sport=1024,dport=5000)',
+                                   4, flows=4, vary={"udp.sport": "1024-65535"}, size=PACKET_SIZE))
+        in_ports += [dp.port_number(f"t{t}v0")] * 4
+    data = np.concatenate([c.data for c in chunks])
+    lengths = np.concatenate([c.lengths for c in chunks])
+    offsets = np.zeros(len(lengths), dtype=np.uint64)
+    offsets[1:] = np.cumsum(lengths[:-1], dtype=np.uint64)
+    pkts = gen.Packets(data, offsets, lengths, np.zeros(len(lengths), dtype=np.uint64))
+    info = {"flows": len(lengths), "rules": len(dp.dump_flows()), "tenants": 1000, "endpoints": 100_000,
+            "load_seconds": round(load_s, 3)}
+    return dp, pkts, np.asarray(in_ports, dtype=np.uint32), info
+
+
+BUILDERS: Dict[str, Callable[[], Tuple[Any, Any, Any, dict]]] = {
+    "l3-rewrite-1k": lambda: _l3(1000),
+    "l3-rewrite-100k": lambda: _l3(100_000),
+    "l3-rewrite-1m": lambda: _l3(1_000_000),
+    "rules-10k": _rules_10k,
+    "vxlan-encap-1k": _vxlan_encap,
+    "vxlan-decap-1k": _vxlan_decap,
+    "tenants-1k": _tenants_1k,
+}
+SCENARIOS = list(BUILDERS) + ["replay-10m"]
+TARGETS_MPPS = {"l3-rewrite-1k": 25, "l3-rewrite-100k": 10, "l3-rewrite-1m": 5, "rules-10k": 15, "replay-10m": 5,
+                "vxlan-encap-1k": 20, "vxlan-decap-1k": 20, "tenants-1k": 10}
+
+
+def _run_native(dp, pkts, ports, total: int) -> Tuple[int, float]:
+    data = pkts.data.tobytes()
+    return dp._core.bench(data, pkts.offsets, pkts.lengths, ports, total)
+
+
+def measure(dp, pkts, ports, packets: int, repeat: int, stages: bool = False) -> dict:
+    """Warm-up, then `repeat` runs of `packets`; the median rate, cache behaviour
+    during the measured runs, and optionally per-stage ns/packet."""
+    data = pkts.data.tobytes()
+    warm = max(2 * len(pkts), 200_000)
+    dp._core.bench(data, pkts.offsets, pkts.lengths, ports, warm)
+    before = dp.stats()["pmd"]
+    rates = []
+    for _ in range(repeat):
+        n, secs = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets)
+        rates.append(n / secs)
+    after = dp.stats()["pmd"]
+    med = statistics.median(rates)
+    passes = after["passes"] - before["passes"]
+    out = {
+        "mpps": round(med / 1e6, 3),
+        "ns_per_packet": round(1e9 / med, 2),
+        "runs_mpps": [round(r / 1e6, 3) for r in rates],
+        "emc_hit_rate": round((after["emc_hits"] - before["emc_hits"]) / passes, 4) if passes else 0.0,
+        "megaflow_hit_rate": round((after["megaflow_hits"] - before["megaflow_hits"]) / passes, 4) if passes else 0.0,
+        "upcalls": after["upcalls"] - before["upcalls"],
+        "passes_per_packet": round(passes / (after["packets"] - before["packets"]), 3),
+        "megaflows": after["megaflows"],
+    }
+    if stages:
+        dp._core.set_profile(True)
+        c0 = dict(dp.stats()["pmd"]["cycles"])
+        n, secs = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets)
+        c1 = dp.stats()["pmd"]["cycles"]
+        dp._core.set_profile(False)
+        hz = _tsc_hz()
+        out["stages_ns_per_packet"] = {k: round((c1[k] - c0[k]) / hz * 1e9 / n, 2) for k in c1}
+    return out
+
+
+_TSC: Optional[float] = None
+
+
+def _tsc_hz() -> float:
+    global _TSC
+    if _TSC is None:
+        _TSC = float(__import__("dpu._core", fromlist=["tsc_hz"]).tsc_hz())
+    return _TSC
+
+
+def _upcall_rate(dp, pkts, ports) -> float:
+    """Slow-path throughput: with no megaflow installed every packet is an upcall."""
+    data = pkts.data.tobytes()
+    dp._core.set_max_megaflows(0)
+    dp.add_flow("table=254,priority=0,actions=drop")  # bumps the version: caches flushed
+    n = min(len(pkts), 20_000)
+    got, secs = dp._core.bench(data, pkts.offsets[:n], pkts.lengths[:n], ports[:n], n)
+    dp._core.set_max_megaflows(1 << 20)
+    return got / secs
+
+
+def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool = False) -> dict:
+    if name == "replay-10m":
+        return _replay_10m(packets or 10_000_000, min(repeat, 3))
+    t0 = time.perf_counter()
+    dp, pkts, ports, info = BUILDERS[name]()
+    setup_s = time.perf_counter() - t0
+    n = packets or 10_000_000
+    res = {"scenario": name, "packet_size": PACKET_SIZE, "packets": n, "repeat": repeat,
+           "setup_seconds": round(setup_s, 3), **info}
+    res.update(measure(dp, pkts, ports, n, repeat, stages))
+    if name == "rules-10k":
+        res["upcall_mpps"] = round(_upcall_rate(dp, pkts, ports) / 1e6, 4)
+    res["target_mpps"] = TARGETS_MPPS.get(name)
+    return res
+
+
+def _replay_10m(packets: int, repeat: int) -> dict:
+    tmp = tempfile.mkdtemp(prefix="dpu-bench-")
+    try:
+        dp, _, _, info = _l3(1000)
+        src = os.path.join(tmp, "in.pcap")
+        vary = {"ip.dst": f"10.0.0.0-{_ip(_ipint('10.0.0.0'), 999)}", "udp.sport": "1024-65535"}
+        t0 = time.perf_counter()
+        gen.generate_pcap(src, f'Ether(dst="{ROUTER_MAC}",src="02:00:00:00:0a:01")/IP(src="172.16.0.1",dst="10.0.0.0",ttl=64)/UDP(sport=1024,dport=5000)',
+                          packets, flows=1000, vary=vary, size=PACKET_SIZE)
+        gen_s = time.perf_counter() - t0
+        rates = []
+        for i in range(repeat):
+            out = os.path.join(tmp, f"out{i}")
+            t0 = time.perf_counter()
+            s = dp.replay({"p1": src}, out)
+            rates.append(s.packets_in / (time.perf_counter() - t0))
+            shutil.rmtree(out)
+        med = statistics.median(rates)
+        return {"scenario": "replay-10m", "packet_size": PACKET_SIZE, "packets": packets, "repeat": repeat,
+                "flows": info["flows"], "rules": info["rules"], "mpps": round(med / 1e6, 3),
+                "ns_per_packet": round(1e9 / med, 2), "runs_mpps": [round(r / 1e6, 3) for r in rates],
+                "gen_seconds": round(gen_s, 3), "target_mpps": TARGETS_MPPS["replay-10m"]}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def render(res: dict) -> str:
+    line = (f"{res['scenario']:<16} {res['mpps']:8.2f} Mpps {res['ns_per_packet']:8.1f} ns/pkt"
+            f"  flows={res.get('flows')} rules={res.get('rules')}")
+    if "emc_hit_rate" in res:
+        line += f"  emc={res['emc_hit_rate']:.0%} megaflow={res['megaflow_hit_rate']:.0%} upcalls={res['upcalls']}"
+    if "upcall_mpps" in res:
+        line += f"  slow-path={res['upcall_mpps'] * 1e3:.0f} kpps"
+    if "load_seconds" in res:
+        line += f"  load={res['load_seconds']}s"
+    if res.get("target_mpps"):
+        line += f"  (target {res['target_mpps']})"
+    if "stages_ns_per_packet" in res:
+        line += "\n  " + "  ".join(f"{k}={v}ns" for k, v in res["stages_ns_per_packet"].items())
+    return line

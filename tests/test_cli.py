@@ -1,0 +1,95 @@
+"""The dpu command: each subcommand end to end through its real entry point."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dpu.cli import main
+
+TOPO = os.path.join(os.path.dirname(__file__), "..", "examples", "topology.yaml")
+
+
+@pytest.fixture
+def rules(tmp_path):
+    f = tmp_path / "rules.txt"
+    f.write_text("# router\n"
+                 "table=0,priority=100,in_port=vm1,ip,nw_dst=10.0.0.0/24,actions=mod_dl_dst:02:00:00:00:00:02,goto_table:1\n"
+                 "table=1,ip,actions=dec_ttl,output:vm2\n")
+    return f
+
+
+def test_trace_text_like_ofproto_trace(rules, capsys):
+    assert main(["trace", "--flows", str(rules), "--in-port", "vm1",
+                 'Ether(dst="02:00:00:00:00:09")/IP(dst="10.0.0.5",ttl=9)/UDP(sport=1,dport=2)']) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("Flow: udp,in_port=vm1,vlan_tci=0x0000,")
+    assert " 0. ip,in_port=vm1,nw_dst=10.0.0.0/24, priority 100" in out
+    assert "    mod_dl_dst:02:00:00:00:00:02" in out and "    goto_table:1" in out
+    assert " 1. ip, priority 32768" in out and "    dec_ttl" in out and "    output:vm2" in out
+    assert "Megaflow: recirc_id=0,ip,in_port=vm1,nw_dst=10.0.0.0/24,nw_ttl=9" in out
+    assert "Datapath actions: set(eth(dst=02:00:00:00:00:02)),set(ipv4(ttl=8)),vm2" in out
+    assert "Output: vm2 (42 bytes)" in out
+
+
+def test_trace_hex_miss_and_json(rules, capsys):
+    from scapy.all import ARP, Ether
+
+    hexpkt = bytes(Ether() / ARP()).hex()
+    assert main(["trace", "--flows", str(rules), "--in-port", "vm1", "--hex", hexpkt]) == 0
+    out = capsys.readouterr().out
+    assert " 0. No match." in out and "Datapath actions: drop(table_miss)" in out and "Dropped: table_miss" in out
+    assert main(["trace", "--flows", str(rules), "--in-port", "vm1", "--json", "--hex", hexpkt]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["drop_reason"] == "table_miss" and d["passes"][0]["events"][0]["kind"] == "miss"
+
+
+def test_trace_tunnel_pop_shows_both_passes(capsys):
+    pkt = ('Ether(src="02:00:00:00:00:02",dst="02:00:00:00:00:01")/IP(src="192.0.2.2",dst="192.0.2.1")'
+           '/UDP(sport=5000,dport=4789,chksum=0)/VXLAN(flags=0x08,vni=100)'
+           '/Ether(src="02:00:00:00:02:21",dst="02:00:00:00:01:11")/IP(src="10.0.0.21",dst="10.0.0.11")/UDP(sport=1,dport=2)')
+    assert main(["trace", "--config", TOPO, "--in-port", "p0", pkt]) == 0
+    out = capsys.readouterr().out
+    assert "Datapath actions: tnl_pop(vxlan0)" in out
+    assert "tunnel pop: looked up again with in_port=vxlan0" in out
+    assert "Flow: tun_id=0x64,tun_src=192.0.2.2,tun_dst=192.0.2.1,udp,in_port=vxlan0" in out
+    assert "Output: vm1" in out
+
+
+def test_trace_bad_expression(rules, capsys):
+    with pytest.raises(SystemExit):
+        main(["trace", "--flows", str(rules), "--in-port", "vm1", "Ether(/"])
+    assert "cannot build packet" in capsys.readouterr().err
+
+
+def test_compile_prints_commented_flows(capsys):
+    assert main(["compile", TOPO, "--check"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# dpu compile ")
+    assert "# table 0: tenant red (vni 200): local ports, anti-spoofing" in out
+    assert "group_id=1,type=all," in out
+    assert "in_port=vxlan0,tun_id=0x64,tun_src=192.0.2.2,vlan_tci=0x0000,actions=write_metadata:0x64,goto_table:30" in out
+
+
+def test_compile_reports_path_errors(tmp_path, capsys):
+    bad = tmp_path / "t.yaml"
+    bad.write_text(open(TOPO).read().replace("ip: 10.0.0.11}\n    remote", "ip: 10.0.5.11}\n    remote", 1).replace(
+        "vm3: {mac: 02:00:00:00:03:11, ip: 10.0.0.11}", "vm3: {mac: 02:00:00:00:03:11, ip: 10.0.5.11}"))
+    assert main(["compile", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "tenants.red.ports.vm3.ip: 10.0.5.11 is not inside any subnet of tenant red" in err
+
+
+def test_flows_normalises(rules, capsys):
+    assert main(["flows", str(rules)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("table=0, n_packets=0, n_bytes=0, priority=100,ip,in_port=vm1,nw_dst=10.0.0.0/24 actions=mod_dl_dst:02:00:00:00:00:02,goto_table:1")
+    assert main(["flows", "--plain", str(rules)]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "table=1,ip,actions=dec_ttl,output:vm2"
+
+
+def test_console_script_is_installed():
+    r = subprocess.run([sys.executable, "-m", "dpu.cli", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "replay" in r.stdout and "bench" in r.stdout
