@@ -24,6 +24,11 @@ Fields refer to the outermost header of their kind (the outer IP of a VXLAN
 template); inner headers are copied unchanged, and the outer checksums stay
 right because only outer bytes change.
 
+Checksums: a UDP checksum of 0 in the template (no checksum) stays 0; a
+computed UDP checksum of 0 is sent as 0xffff. Other protocols' checksums
+(SCTP, inner headers) are copied unchanged, which is right because only the
+outer fields above change.
+
 ``seed``: 0 gives each field's values in order from the start of its range;
 any other seed permutes each field's values by a seeded bijection
 ((a*d + b) mod n), so flows stay distinct, reproducibly.
@@ -35,7 +40,12 @@ destination/source becomes ff:ff:ff:ff:ff:ff / 00:00:00:00:00:00 (scapy's
 offline defaults) so that building never sends an ARP or neighbour
 solicitation to resolve it.
 
-Thread-safety: every call builds its own plan; calls may run in parallel.
+Ranges: a value, 'first-last' (ints, IPv4/IPv6/MAC addresses) or an address
+prefix 'addr/len' (every address in it, network and broadcast included). A
+range of more than 2**63 - 1 values uses its first 2**63 - 1.
+
+Thread-safety: every call builds its own plan (with scapy, under the GIL); the
+stamping and pcap loops release the GIL.
 """
 from __future__ import annotations
 
@@ -203,6 +213,8 @@ def _build(template, size: Optional[int]) -> bytes:
     """The template's bytes, padded to `size` with a Raw payload built by scapy."""
     S = _scapy()
     pkt, from_bytes = _template_packet(template)
+    if from_bytes and (size is None or size == len(template)) and len(template) <= MAX_FRAME:
+        return bytes(template)  # exactly as given
     if not isinstance(pkt, S.Ether):
         raise _err(f"template starts with {pkt.__class__.__name__}; it must start with Ether() "
                    "(frames are Ethernet)")
@@ -596,6 +608,8 @@ def _main(argv=None) -> int:
     ap.add_argument("--interval-ns", type=int, default=1000)
     ap.add_argument("-o", "--output", help="pcap file (default: generate in memory and discard)")
     a = ap.parse_args(argv)
+    if any("=" not in v for v in a.vary):
+        ap.error("--vary takes FIELD=RANGE, e.g. --vary ip.dst=10.0.0.0/16")
     vary = dict(v.split("=", 1) for v in a.vary) or None
     kw = dict(flows=a.flows, vary=vary, size=a.size, seed=a.seed, interval_ns=a.interval_ns)
     t0 = time.perf_counter()
