@@ -212,6 +212,11 @@ def _layers(pkt):
 def _build(template, size: Optional[int]) -> bytes:
     """The template's bytes, padded to `size` with a Raw payload built by scapy."""
     S = _scapy()
+    if size is not None:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise _err(f"size must be an int, not {type(size).__name__}")
+        if size > MAX_FRAME:
+            raise _err(f"size {size} is larger than the largest frame ({MAX_FRAME})")
     pkt, from_bytes = _template_packet(template)
     if from_bytes and (size is None or size == len(template)) and len(template) <= MAX_FRAME:
         return bytes(template)  # exactly as given
@@ -225,10 +230,8 @@ def _build(template, size: Optional[int]) -> bytes:
                 layer.dst = "ff:ff:ff:ff:ff:ff"
             if layer.fields.get("src") is None:
                 layer.src = "00:00:00:00:00:00"
-    if from_bytes and pkt.haslayer(S.Padding):
-        pad = pkt[S.Padding]
-        if size is not None:  # captured frames carry trailing padding: drop it, size decides
-            pad.underlayer.remove_payload()
+    if from_bytes and pkt.haslayer(S.Padding):  # captured frames carry trailing padding: size decides
+        pkt[S.Padding].underlayer.remove_payload()
     try:
         built = bytes(pkt)
     except Exception as e:  # noqa: BLE001
@@ -237,10 +240,6 @@ def _build(template, size: Optional[int]) -> bytes:
         if len(built) > MAX_FRAME:
             raise _err(f"template is {len(built)} bytes; frames are at most {MAX_FRAME}")
         return built
-    if isinstance(size, bool) or not isinstance(size, int):
-        raise _err(f"size must be an int, not {type(size).__name__}")
-    if size > MAX_FRAME:
-        raise _err(f"size {size} is larger than the largest frame ({MAX_FRAME})")
     if size < len(built):
         raise _err(f"size {size} is smaller than the template's headers ({len(built)} bytes)")
     if size == len(built):

@@ -289,6 +289,10 @@ def test_template_forms_agree_and_captured_padding_is_replaced():
     assert "dst" not in unset.fields and "src" not in unset.fields  # the caller's packet is not modified
     d = gen.generate(raw(pkt / Raw(b"\x00" * 22)), 20, flows=10)  # bytes as they are, no size
     assert np.array_equal(a.data, d.data)
+    e = gen.generate(captured, 20, flows=10, size=50)  # below the captured 60, above the 42 of headers
+    assert (e.lengths == 50).all() and Ether(e[3])[IP].len == 36
+    _verify_checksums(e)
+    assert _scapy_rebuild(e[3]) == e[3]
 
 
 def test_no_flows_no_vary_repeats_the_template():
