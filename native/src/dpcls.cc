@@ -41,7 +41,10 @@ Megaflow* Dpcls::insert(const Flow& key, const Flow& wc, XlateOut&& x) {
   mf->hash = st->hash_of(mf->key);
   mf->tenant = x.tenant;
   mf->actions = std::move(x.actions);
+  mf->tnl_hdrs = std::move(x.tnl_hdrs);
   mf->xcache = std::move(x.xcache);
+  mf->acts = mf->actions.data();
+  mf->n_acts = static_cast<uint32_t>(mf->actions.size());
   size_t bm = st->slots.size() - 1;
   size_t pos = mf->hash & bm;
   while (st->slots[pos].mf) pos = (pos + 1) & bm;

@@ -34,14 +34,19 @@ namespace dpu {
 
 struct Subtable;
 
-struct Megaflow {
+struct alignas(64) Megaflow {
+  // read by every packet: the first cache line
+  std::atomic<uint64_t> n_packets{0}, n_bytes{0};
+  const DpAction* acts = nullptr;
+  uint32_t n_acts = 0;
+  uint16_t tenant = 0;
+  // the rest: lookup key, ownership, stats push
   uint64_t key[kKeyWords];   // masked
   const Subtable* st = nullptr;
   uint32_t hash = 0;
-  uint16_t tenant = 0;
   DpActions actions;
+  TnlHeaders tnl_hdrs;
   std::vector<XcacheEntry> xcache;
-  std::atomic<uint64_t> n_packets{0}, n_bytes{0};
   uint64_t pushed_packets = 0, pushed_bytes = 0;  // already credited to rules
 };
 
@@ -122,10 +127,16 @@ class Emc {
   Emc() : e_(new Entry[kEntries]) { clear(); }
   Megaflow* lookup(const Flow& key, uint32_t hash) const {
     const Entry& a = e_[hash & (kEntries - 1)];
-    if (a.mf && a.hash == hash && std::memcmp(a.key, &key, kKeyBytes) == 0) return a.mf;
+    if (a.hash == hash && a.mf && same(a.key, words(key))) return a.mf;
     const Entry& b = e_[(hash >> 13) & (kEntries - 1)];
-    if (b.mf && b.hash == hash && std::memcmp(b.key, &key, kKeyBytes) == 0) return b.mf;
+    if (b.hash == hash && b.mf && same(b.key, words(key))) return b.mf;
     return nullptr;
+  }
+  void prefetch(uint32_t hash) const {
+    const Entry* a = &e_[hash & (kEntries - 1)];
+    __builtin_prefetch(a);
+    __builtin_prefetch(reinterpret_cast<const char*>(a) + 64);
+    __builtin_prefetch(reinterpret_cast<const char*>(a) + 128);
   }
   void insert(const Flow& key, uint32_t hash, Megaflow* mf) {
     Entry* a = &e_[hash & (kEntries - 1)];
@@ -140,10 +151,16 @@ class Emc {
   }
 
  private:
-  struct Entry {
-    uint64_t key[kKeyWords];
+  // Whole-key compare, a word at a time, without early exits (vectorises).
+  static bool same(const uint64_t* a, const uint64_t* b) {
+    uint64_t d = 0;
+    for (size_t i = 0; i < kKeyWords; i++) d |= a[i] ^ b[i];
+    return d == 0;
+  }
+  struct alignas(64) Entry {
     uint32_t hash;
     Megaflow* mf;
+    uint64_t key[kKeyWords];
   };
   std::unique_ptr<Entry[]> e_;
 };

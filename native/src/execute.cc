@@ -19,17 +19,6 @@
 namespace dpu {
 namespace {
 
-// Masked write of `n` bytes; returns true if anything changed.
-inline void masked_write(uint8_t* dst, const uint8_t* val, const uint8_t* msk, int n) {
-  for (int i = 0; i < n; i++) dst[i] = static_cast<uint8_t>((dst[i] & ~msk[i]) | (val[i] & msk[i]));
-}
-
-// Checksum delta for bytes [0,n) of a header going from `old_b` to `new_b`,
-// both starting at an even offset of the checksummed area.
-inline uint16_t csum_delta(uint16_t hc, const uint8_t* old_b, const uint8_t* new_b, int n) {
-  return csum_replace_bytes(hc, old_b, new_b, static_cast<size_t>(n));
-}
-
 uint32_t crc32c(const uint8_t* p, size_t n) {
   static uint32_t table[256];
   static bool init = [] {
@@ -46,90 +35,79 @@ uint32_t crc32c(const uint8_t* p, size_t n) {
   return ~c;
 }
 
-// L4 header and its checksum offset for a packet (nullptr if absent).
-struct L4Ref {
-  uint8_t* hdr = nullptr;
-  uint8_t proto = 0;
-  int csum_off = -1;  // within hdr
-  uint32_t len = 0;   // bytes from hdr to end of packet
-};
-
-L4Ref l4_ref(Packet* p, uint8_t proto) {
-  L4Ref r;
-  if (p->l4_ofs == kNoOffset) return r;
-  r.hdr = p->data() + p->l4_ofs;
-  r.proto = proto;
-  r.len = p->len - p->l4_ofs;
-  if (proto == kIpTcp && r.len >= 20) r.csum_off = 16;
-  else if (proto == kIpUdp && r.len >= 8) r.csum_off = 6;
-  else if (proto == kIpIcmpv6 && r.len >= 4) r.csum_off = 2;
-  return r;
+// The L4 checksum affected by an address change, or nullptr.
+uint8_t* l4_csum(Packet* p, uint8_t proto, bool v6, bool* is_udp) {
+  if (p->l4_ofs == kNoOffset) return nullptr;
+  uint8_t* l4 = p->data() + p->l4_ofs;
+  uint32_t len = p->len - p->l4_ofs;
+  *is_udp = proto == kIpUdp;
+  if (proto == kIpTcp && len >= 20) return l4 + 16;
+  if (proto == kIpUdp && len >= 8) return l4 + 6;
+  if (proto == kIpIcmpv6 && v6 && len >= 4) return l4 + 2;
+  return nullptr;
 }
 
-// Applies an address change (pseudo-header) to the L4 checksum.
-void l4_pseudo_update(const L4Ref& r, const uint8_t* old_b, const uint8_t* new_b, int n, bool v6) {
-  if (r.csum_off < 0) return;
-  if (r.proto == kIpIcmpv6 && !v6) return;
-  uint16_t c = load16(r.hdr + r.csum_off);
-  if (r.proto == kIpUdp && c == 0) {
-    if (!v6) return;  // IPv4 UDP without checksum stays without
+// Masked write of the changed 16-bit words of a set window at `h`; keeps the
+// checksum at `csum` (if any) and, for address words, the L4 checksum at
+// `l4c` (if any) up to date, one RFC 1624 step per changed word.
+inline void apply_window(uint8_t* h, const DpAction& a, uint8_t* csum, uint8_t* l4c, bool udp) {
+  uint16_t hc = csum ? load16(csum) : 0;
+  uint16_t lc = l4c ? load16(l4c) : 0;
+  if (udp && lc == 0) l4c = nullptr;  // no UDP checksum (IPv4): stays 0
+  for (uint32_t w = a.words; w; w &= w - 1) {
+    int k = __builtin_ctz(w);
+    uint8_t* at = h + 2 * k;
+    uint16_t old = load16(at);
+    uint16_t m = load16(a.set.msk + 2 * k), v = load16(a.set.val + 2 * k);
+    uint16_t nw = static_cast<uint16_t>((old & ~m) | (v & m));
+    store16(at, nw);
+    if (csum) hc = csum_replace16(hc, old, nw);
+    if (l4c && (a.addr_words >> k & 1)) lc = csum_replace16(lc, old, nw);
   }
-  c = csum_delta(c, old_b, new_b, n);
-  if (r.proto == kIpUdp && c == 0) c = 0xffff;
-  store16(r.hdr + r.csum_off, c);
+  if (csum) store16(csum, hc);
+  if (l4c) store16(l4c, udp && lc == 0 ? 0xffff : lc);
 }
 
 void set_ipv4(Packet* p, const DpAction& a) {
   if (p->l3_ofs == kNoOffset) return;
   uint8_t* ip = p->data() + p->l3_ofs;
-  uint8_t old[20];
-  std::memcpy(old, ip, 20);
-  masked_write(ip, a.set.val, a.set.msk, 20);
-  uint16_t hc = load16(ip + 10);
-  hc = csum_delta(hc, old, ip, 20);
-  store16(ip + 10, hc);
-  if (std::memcmp(old + 12, ip + 12, 8) != 0) {
-    uint16_t frag = be16(load16(ip + 6));
-    if ((frag & 0x1fff) == 0) l4_pseudo_update(l4_ref(p, ip[9]), old + 12, ip + 12, 8, false);
-  }
+  uint8_t* l4c = nullptr;
+  bool udp = false;
+  if (a.addr_words && (be16(load16(ip + 6)) & 0x1fff) == 0) l4c = l4_csum(p, ip[9], false, &udp);
+  apply_window(ip, a, ip + 10, l4c, udp);
 }
 
-void set_ipv6(Packet* p, const DpAction& a, uint8_t proto) {
+void set_ipv6(Packet* p, const DpAction& a) {
   if (p->l3_ofs == kNoOffset) return;
   uint8_t* ip = p->data() + p->l3_ofs;
-  uint8_t old[40];
-  std::memcpy(old, ip, 40);
-  masked_write(ip, a.set.val, a.set.msk, 40);
-  if (std::memcmp(old + 8, ip + 8, 32) != 0) l4_pseudo_update(l4_ref(p, proto), old + 8, ip + 8, 32, true);
+  uint8_t* l4c = nullptr;
+  bool udp = false;
+  if (a.addr_words) l4c = l4_csum(p, a.proto, true, &udp);
+  apply_window(ip + a.ofs, a, nullptr, l4c, udp);
 }
 
 void set_l4(Packet* p, const DpAction& a) {
   if (p->l4_ofs == kNoOffset) return;
   uint8_t* l4 = p->data() + p->l4_ofs;
-  uint8_t old[4];
-  std::memcpy(old, l4, 4);
-  masked_write(l4, a.set.val, a.set.msk, 4);
+  uint32_t len = p->len - p->l4_ofs;
   if (a.proto == kIpSctp) {
-    uint32_t len = p->len - p->l4_ofs;
-    if (len >= 12) {
-      std::memset(l4 + 8, 0, 4);
-      uint32_t c = crc32c(l4, len);
-      std::memcpy(l4 + 8, &c, 4);  // CRC32c is stored little-endian on the wire
-    }
+    if (len < 12) return;
+    apply_window(l4, a, nullptr, nullptr, false);
+    std::memset(l4 + 8, 0, 4);
+    uint32_t c = crc32c(l4, len);
+    std::memcpy(l4 + 8, &c, 4);  // CRC32c is stored little-endian on the wire
     return;
   }
-  L4Ref r = l4_ref(p, a.proto);
-  if (r.csum_off < 0) return;
-  uint16_t c = load16(l4 + r.csum_off);
-  if (a.proto == kIpUdp && c == 0) return;  // no checksum (IPv4)
-  c = csum_delta(c, old, l4, 4);
-  if (a.proto == kIpUdp && c == 0) c = 0xffff;
-  store16(l4 + r.csum_off, c);
+  uint8_t* csum = a.proto == kIpTcp ? (len >= 20 ? l4 + 16 : nullptr) : (len >= 8 ? l4 + 6 : nullptr);
+  if (a.proto == kIpUdp && csum && load16(csum) == 0) csum = nullptr;  // no checksum (IPv4)
+  uint16_t before = csum ? load16(csum) : 0;
+  apply_window(l4, a, csum, nullptr, false);
+  if (a.proto == kIpUdp && csum && before != 0 && load16(csum) == 0) store16(csum, 0xffff);
 }
 
 void set_arp(Packet* p, const DpAction& a) {
-  if (p->l3_ofs == kNoOffset) return;
-  masked_write(p->data() + p->l3_ofs, a.set.val, a.set.msk, kSetArpLen);
+  if (p->l3_ofs == kNoOffset || p->len < p->l3_ofs + 28u) return;
+  apply_window(p->data() + p->l3_ofs + a.ofs, a, nullptr, nullptr, false);
 }
 
 void shift_offsets(Packet* p, int delta) {
@@ -166,7 +144,7 @@ void set_vlan(Packet* p, const DpAction& a) {
   if (p->len < 18) return;
   uint16_t t = be16(load16(d + 12));
   if (t != kEthVlan && t != kEthQinQ) return;
-  masked_write(d + 14, a.set.val, a.set.msk, 2);
+  apply_window(d + 14, a, nullptr, nullptr, false);
 }
 
 }  // namespace
@@ -187,7 +165,7 @@ void Worker::run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n
         break;
       }
       case Dp::SET_ETH:
-        if (p->len >= 12) masked_write(p->data(), act.set.val, act.set.msk, kSetEthLen);
+        if (p->len >= 12) apply_window(p->data(), act, nullptr, nullptr, false);
         break;
       case Dp::SET_VLAN:
         set_vlan(p, act);
@@ -202,7 +180,7 @@ void Worker::run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n
         set_ipv4(p, act);
         break;
       case Dp::SET_IPV6:
-        set_ipv6(p, act, key.nw_proto);
+        set_ipv6(p, act);
         break;
       case Dp::SET_L4:
         set_l4(p, act);

@@ -147,8 +147,7 @@ inline uint8_t parse_arp(Flow* key, Packet* p, const uint8_t* d, uint32_t off, u
 }  // namespace parse_detail
 
 inline uint8_t parse_packet(Packet* p, Flow* key) {
-  uint64_t* w = words(*key);
-  for (size_t i = 0; i < kKeyWords; i++) w[i] = 0;
+  std::memset(static_cast<void*>(key), 0, kKeyBytes);  // fixed size: vector stores, not rep stos
   const PacketMeta& md = p->md;
   key->in_port = md.in_port;
   key->recirc_id = md.recirc_id;

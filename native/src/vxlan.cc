@@ -24,11 +24,12 @@
 
 namespace dpu {
 
-bool Worker::tnl_push(Packet* p, const Flow& key, const DpAction& a) {
+bool Worker::tnl_push(Packet* p, const Flow& key, const DpAction& act) {
+  const TnlHeader& a = *act.tnl;
   const uint32_t inner = p->len;
-  const uint32_t hdr = a.tnl.hdr_len;
-  const uint32_t ip_hdr = a.tnl.ipv6 ? 40 : 20;
-  if (ip_hdr + 16 + inner > a.tnl.mtu) {
+  const uint32_t hdr = a.hdr_len;
+  const uint32_t ip_hdr = a.ipv6 ? 40 : 20;
+  if (ip_hdr + 16 + inner > a.mtu) {
     send_too_big(p, key, a);
     drop(p, DROP_MTU);
     return false;
@@ -44,15 +45,15 @@ bool Worker::tnl_push(Packet* p, const Flow& key, const DpAction& a) {
   p->data_off = static_cast<uint16_t>(p->data_off - hdr);
   p->len = static_cast<uint16_t>(p->len + hdr);
   uint8_t* d = p->data();
-  std::memcpy(d, a.tnl.hdr, hdr);
+  std::memcpy(d, a.hdr, hdr);
   uint8_t* ip = d + 14;
   uint8_t* udp = ip + ip_hdr;
   const uint16_t udp_len = static_cast<uint16_t>(16 + inner);
-  uint32_t range = static_cast<uint32_t>(a.tnl.sport_max - a.tnl.sport_min) + 1;
-  uint16_t sport = static_cast<uint16_t>(a.tnl.sport_min + ((static_cast<uint64_t>(hash_5tuple(key)) * range) >> 32));
+  uint32_t range = static_cast<uint32_t>(a.sport_max - a.sport_min) + 1;
+  uint16_t sport = static_cast<uint16_t>(a.sport_min + ((static_cast<uint64_t>(hash_5tuple(key)) * range) >> 32));
   store16(udp, be16(sport));
   store16(udp + 4, be16(udp_len));
-  if (a.tnl.ipv6) {
+  if (a.ipv6) {
     store16(ip + 4, be16(udp_len));
     uint64_t s = pseudo_sum_v6(ip + 8, ip + 24, kIpUdp, udp_len);
     uint16_t c = csum(udp, udp_len, s);
@@ -60,14 +61,15 @@ bool Worker::tnl_push(Packet* p, const Flow& key, const DpAction& a) {
   } else {
     const uint16_t tot = be16(static_cast<uint16_t>(20 + udp_len));
     store16(ip + 2, tot);
-    store16(ip + 10, static_cast<uint16_t>(~csum_fold(static_cast<uint64_t>(a.tnl.ip_csum_base) + tot)));
+    store16(ip + 10, static_cast<uint16_t>(~csum_fold(static_cast<uint64_t>(a.ip_csum_base) + tot)));
   }
   p->l3_ofs = 14;
   p->l4_ofs = static_cast<uint16_t>(14 + ip_hdr);
   return true;
 }
 
-uint16_t Worker::tnl_pop(Packet* p, const DpAction& a) {
+uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) {
+  const TnlHeader& a = *act.tnl;
   if (p->l3_ofs == kNoOffset || p->l4_ofs == kNoOffset) return DROP_VXLAN_TRUNCATED;
   uint8_t* d = p->data();
   uint8_t* ip = d + p->l3_ofs;
@@ -78,17 +80,17 @@ uint16_t Worker::tnl_pop(Packet* p, const DpAction& a) {
   if (udp_len - 16 < 14) return DROP_VXLAN_TRUNCATED;  // no room for the inner Ethernet header
   const uint16_t c = load16(udp + 6);
   if (c != 0) {
-    uint64_t s = a.tnl.ipv6 ? pseudo_sum_v6(ip + 8, ip + 24, kIpUdp, udp_len)
+    uint64_t s = a.ipv6 ? pseudo_sum_v6(ip + 8, ip + 24, kIpUdp, udp_len)
                             : pseudo_sum_v4(ip + 12, ip + 16, kIpUdp, udp_len);
     if (csum_fold(csum_partial(udp, udp_len, s)) != 0xffff) return DROP_VXLAN_BAD_CHECKSUM;
   }
   const uint8_t* vx = udp + 8;
   if (!(vx[0] & 0x08)) return DROP_VXLAN_BAD_FLAGS;
-  if (a.tnl.strict && ((vx[0] & ~0x08) || vx[1] || vx[2] || vx[3] || vx[7])) return DROP_VXLAN_BAD_FLAGS;
+  if (a.strict && ((vx[0] & ~0x08) || vx[1] || vx[2] || vx[3] || vx[7])) return DROP_VXLAN_BAD_FLAGS;
   PacketMeta& md = p->md;
   uint64_t vni = (static_cast<uint64_t>(vx[4]) << 16) | (vx[5] << 8) | vx[6];
   md.tun_id = be64(vni);
-  if (a.tnl.ipv6) {
+  if (a.ipv6) {
     std::memcpy(md.tun_ipv6_src, ip + 8, 16);
     std::memcpy(md.tun_ipv6_dst, ip + 24, 16);
     md.tun_flags = kTunPresent | kTunIpv6;
@@ -97,7 +99,7 @@ uint16_t Worker::tnl_pop(Packet* p, const DpAction& a) {
     std::memcpy(&md.tun_dst, ip + 16, 4);
     md.tun_flags = kTunPresent;
   }
-  md.in_port = a.port;
+  md.in_port = act.port;
   const uint32_t strip = p->l4_ofs + 16u;
   p->data_off = static_cast<uint16_t>(p->data_off + strip);
   p->len = static_cast<uint16_t>(udp_len - 16);
@@ -107,13 +109,13 @@ uint16_t Worker::tnl_pop(Packet* p, const DpAction& a) {
 
 // ICMP "fragmentation needed" / ICMPv6 "packet too big" back to the sender,
 // addressed from the original destination (as Linux does for bridged tunnels).
-void Worker::send_too_big(Packet* p, const Flow& key, const DpAction& a) {
+void Worker::send_too_big(Packet* p, const Flow& key, const TnlHeader& a) {
   const uint32_t in = p->md.in_port;
   if (in >= is_tunnel_.size() || is_tunnel_[in] || p->l3_ofs == kNoOffset) return;
   const uint16_t type = be16(key.dl_type);
   const uint8_t* orig = p->data() + p->l3_ofs;
   const uint32_t orig_len = p->len - p->l3_ofs;
-  const uint32_t overhead = (a.tnl.ipv6 ? 40u : 20u) + 16u + 14u;
+  const uint32_t overhead = (a.ipv6 ? 40u : 20u) + 16u + 14u;
   if (type == kEthIp) {
     if (!(be16(load16(orig + 6)) & 0x4000)) return;  // DF clear: nothing to report
     if (key.nw_proto == kIpIcmp && (key.tp_src == be16(3) || key.tp_src == be16(11) || key.tp_src == be16(12)))
@@ -136,7 +138,7 @@ void Worker::send_too_big(Packet* p, const Flow& key, const DpAction& a) {
     store16(d + 14, static_cast<uint16_t>(key.vlan_tci & be16(static_cast<uint16_t>(~kVlanPresent))));
     off = 16;
   }
-  uint32_t mtu = a.tnl.mtu > overhead ? a.tnl.mtu - overhead : 0;
+  uint32_t mtu = a.mtu > overhead ? a.mtu - overhead : 0;
   if (type == kEthIp) {
     store16(d + off, be16(kEthIp));
     uint8_t* ip = d + off + 2;

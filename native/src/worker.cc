@@ -76,8 +76,9 @@ void Worker::process(Batch& in) {
     pc.rx_bytes += p->len;
   }
   recirculated_ = false;
-  std::vector<Packet*> cur(in.pkts, in.pkts + n), next;
-  next.reserve(n);
+  std::vector<Packet*>& cur = cur_;
+  std::vector<Packet*>& next = next_;
+  cur.assign(in.pkts, in.pkts + n);
   for (int pass_no = 0; !cur.empty(); pass_no++) {
     if (pass_no >= kMaxPasses) {
       for (Packet* p : cur) drop(p, DROP_RECIRC_LIMIT);
@@ -110,6 +111,10 @@ void Worker::process(Batch& in) {
   if ((++batch_count_ & 1023) == 0) dpcls_.resort();
 }
 
+// One sub-batch, in stages so that each stage's memory accesses were
+// prefetched by the previous one: parse + hash (prefetch the EMC slots), EMC
+// (prefetch each hit's megaflow), megaflow cache, upcalls, then the actions
+// (their lines prefetched while the megaflow counters are updated).
 void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool first) {
   alignas(64) Flow keys[kChunk];
   uint32_t hashes[kChunk];
@@ -119,15 +124,16 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   uint64_t t0 = profile_ ? cycles_now() : 0, t1;
 
   for (uint32_t i = 0; i < n; i++) {
-    if (i + 1 < n) __builtin_prefetch(pkts[i + 1]->data());
+    if (i + 2 < n) __builtin_prefetch(pkts[i + 2]->data());
     uint8_t f = parse_packet(pkts[i], &keys[i]);
-    if (first && f) {
+    if (__builtin_expect(first && f, 0)) {
       PortCounters& pc = ports[in_port_[pkts[i]->origin]];
       pc.rx_truncated += (f & kParseTruncated) ? 1 : 0;
       pc.rx_malformed += (f & kParseMalformed) ? 1 : 0;
       pc.rx_unknown += (f & kParseUnknown) ? 1 : 0;
     }
     hashes[i] = hash_key(keys[i]);
+    emc_.prefetch(hashes[i]);
     pkts[i]->md.passes++;
   }
   pmd.passes += n;
@@ -138,8 +144,10 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   }
 
   for (uint32_t i = 0; i < n; i++) {
-    mfs[i] = emc_.lookup(keys[i], hashes[i]);
-    if (!mfs[i]) miss[n_miss++] = static_cast<uint8_t>(i);
+    Megaflow* mf = emc_.lookup(keys[i], hashes[i]);
+    mfs[i] = mf;
+    if (mf) __builtin_prefetch(mf);
+    else miss[n_miss++] = static_cast<uint8_t>(i);
   }
   pmd.emc_hits += n - n_miss;
   if (profile_) {
@@ -175,7 +183,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   // Upcalls. A packet whose megaflow could not be installed runs straight from
   // its translation and credits the rules at once.
   std::vector<XlateOut> uninstalled;
-  uint32_t direct[kChunk];
+  uint8_t direct[kChunk];
   for (uint32_t k = 0; k < n_up; k++) {
     uint32_t i = up[k];
     uint32_t probes = 0;
@@ -196,7 +204,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     } else {
       pmd.upcall_no_install++;
       dp_->credit(xo.xcache, 1, pkts[i]->len);
-      direct[uninstalled.size()] = i;
+      direct[i] = static_cast<uint8_t>(uninstalled.size());
       uninstalled.push_back(std::move(xo));
       mfs[i] = nullptr;
     }
@@ -207,21 +215,29 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     t0 = t1;
   }
 
-  size_t u = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    Megaflow* mf = mfs[i];
+    if (!mf) continue;
+    const Packet* p = pkts[i];
+    __builtin_prefetch(mf->acts);
+    mf->n_packets.store(mf->n_packets.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    mf->n_bytes.store(mf->n_bytes.load(std::memory_order_relaxed) + p->len, std::memory_order_relaxed);
+  }
   for (uint32_t i = 0; i < n; i++) {
     Packet* p = pkts[i];
     Megaflow* mf = mfs[i];
-    const DpActions* acts;
+    const DpAction* acts;
+    size_t n_acts;
     uint16_t tenant;
-    if (mf) {
-      mf->n_packets.store(mf->n_packets.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-      mf->n_bytes.store(mf->n_bytes.load(std::memory_order_relaxed) + p->len, std::memory_order_relaxed);
-      acts = &mf->actions;
+    if (__builtin_expect(mf != nullptr, 1)) {
+      acts = mf->acts;
+      n_acts = mf->n_acts;
       tenant = mf->tenant;
     } else {
-      while (direct[u] != i) u++;
-      acts = &uninstalled[u].actions;
-      tenant = uninstalled[u].tenant;
+      const XlateOut& xo = uninstalled[direct[i]];
+      acts = xo.actions.data();
+      n_acts = xo.actions.size();
+      tenant = xo.tenant;
     }
     if (tenant && !p->md.tenant && tenant < tenants.size()) {
       p->md.tenant = tenant;
@@ -229,7 +245,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       tenants[tenant].rx_packets++;
       tenants[tenant].rx_bytes += p->len;
     }
-    run_actions(p, keys[i], acts->data(), acts->size(), recirc);
+    run_actions(p, keys[i], acts, n_acts, recirc);
   }
   if (profile_) pmd.cycles[STAGE_EXECUTE] += cycles_now() - t0;
 }

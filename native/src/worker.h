@@ -112,7 +112,7 @@ class Worker {
   static uint16_t tnl_pop(Packet* p, const DpAction& a);
 
  private:
-  void send_too_big(Packet* p, const Flow& key, const DpAction& a);
+  void send_too_big(Packet* p, const Flow& key, const TnlHeader& a);
 
   Dataplane* dp_;
   PacketPool pool_;
@@ -130,6 +130,7 @@ class Worker {
   std::vector<std::vector<Packet*>> tx_;  // by ofport
   std::vector<uint32_t> tx_ports_;        // ports with queued packets
   std::vector<uint8_t> is_tunnel_;        // by ofport
+  std::vector<Packet*> cur_, next_;       // packets of the current / next pass
   uint16_t out_count_[kBatchMax];
   uint16_t reason_[kBatchMax];
   uint16_t tenant_[kBatchMax];

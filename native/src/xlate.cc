@@ -117,11 +117,14 @@ class Ctx {
       if (flow_.nw_proto != kIpUdp || flow_.nw_frag != 0) continue;
       uw_field(FieldId::TP_DST);
       if (flow_.tp_dst != be16(t.dst_port)) continue;
+      auto th = std::make_unique<TnlHeader>();
+      th->strict = t.strict;
+      th->ipv6 = t.ipv6;
       DpAction a;
       a.type = Dp::TNL_POP;
       a.port = p->ofport;
-      a.tnl.strict = t.strict;
-      a.tnl.ipv6 = t.ipv6;
+      a.tnl = th.get();
+      out_.tnl_hdrs.push_back(std::move(th));
       out_.actions.push_back(a);
       event(TraceEvent::NOTE, "native tunnel: packet for VTEP " + p->name + ", tnl_pop and look up again");
       popped = true;
@@ -443,14 +446,12 @@ class Ctx {
       event(TraceEvent::NOTE, "output to " + p.name + " without a tunnel destination (tun_dst): ignored");
       return;
     }
-    DpAction a;
-    a.type = Dp::TNL_PUSH;
-    a.port = t.underlay;
-    a.tnl.ipv6 = t.ipv6;
-    a.tnl.mtu = t.mtu;
-    a.tnl.sport_min = t.sport_min;
-    a.tnl.sport_max = t.sport_max;
-    uint8_t* h = a.tnl.hdr;
+    auto th = std::make_unique<TnlHeader>();
+    th->ipv6 = t.ipv6;
+    th->mtu = t.mtu;
+    th->sport_min = t.sport_min;
+    th->sport_max = t.sport_max;
+    uint8_t* h = th->hdr;
     std::memcpy(h, t.nexthop_mac, 6);
     std::memcpy(h + 6, t.local_mac, 6);
     uint16_t et = be16(t.ipv6 ? kEthIpv6 : kEthIp);
@@ -471,7 +472,7 @@ class Ctx {
       ip[9] = kIpUdp;
       std::memcpy(ip + 12, t.local_ip, 4);
       std::memcpy(ip + 16, &flow_.tun_dst, 4);
-      a.tnl.ip_csum_base = csum_fold(csum_partial(ip, 20));
+      th->ip_csum_base = csum_fold(csum_partial(ip, 20));
       l4 = 14 + 20;
     }
     uint16_t dp = be16(t.dst_port);
@@ -482,9 +483,36 @@ class Ctx {
     vx[4] = static_cast<uint8_t>(vni >> 16);
     vx[5] = static_cast<uint8_t>(vni >> 8);
     vx[6] = static_cast<uint8_t>(vni);
-    a.tnl.hdr_len = static_cast<uint8_t>(l4 + 16);
+    th->hdr_len = static_cast<uint8_t>(l4 + 16);
+    DpAction a;
+    a.type = Dp::TNL_PUSH;
+    a.port = t.underlay;
+    a.tnl = th.get();
+    out_.tnl_hdrs.push_back(std::move(th));
     out_.actions.push_back(a);
     out_.has_output = true;
+  }
+
+  // One set action per window [lo, hi) of a header image that has mask bits;
+  // image bytes [alo, ahi) are IP addresses (pseudo-header checksum).
+  void emit_set(Dp type, const uint8_t* v, const uint8_t* m, int lo, int hi, int alo = 0, int ahi = 0,
+                uint8_t proto = 0) {
+    DpAction a;
+    a.type = type;
+    a.proto = proto;
+    a.ofs = static_cast<uint8_t>(lo);
+    a.len = static_cast<uint8_t>(hi - lo);
+    for (int k = 0; lo + 2 * k < hi; k++) {
+      int b = lo + 2 * k;
+      if (m[b] || (b + 1 < hi && m[b + 1])) {
+        a.words |= static_cast<uint16_t>(1u << k);
+        if (b >= alo && b < ahi) a.addr_words |= static_cast<uint16_t>(1u << k);
+      }
+    }
+    if (!a.words) return;
+    std::memcpy(a.set.val, v + lo, static_cast<size_t>(hi - lo));
+    std::memcpy(a.set.msk, m + lo, static_cast<size_t>(hi - lo));
+    out_.actions.push_back(a);
   }
 
   // Emits datapath actions for the header bits written since the last commit.
@@ -504,74 +532,56 @@ class Ctx {
       } else if (bt && !ft) {
         a.type = Dp::POP_VLAN;
         out_.actions.push_back(a);
-      } else if (bt && ft && (p.vlan_tci & be16(static_cast<uint16_t>(~kVlanPresent)))) {
-        a.type = Dp::SET_VLAN;
+      } else if (bt && ft) {
         uint16_t v = static_cast<uint16_t>(f.vlan_tci & be16(static_cast<uint16_t>(~kVlanPresent)));
         uint16_t m = static_cast<uint16_t>(p.vlan_tci & be16(static_cast<uint16_t>(~kVlanPresent)));
-        std::memcpy(a.set.val, &v, 2);
-        std::memcpy(a.set.msk, &m, 2);
-        out_.actions.push_back(a);
+        emit_set(Dp::SET_VLAN, reinterpret_cast<const uint8_t*>(&v), reinterpret_cast<const uint8_t*>(&m), 0, 2);
       }
     }
-    // Ethernet
-    if (bytes_nonzero(p.dl_dst, 12)) {
-      DpAction a;
-      a.type = Dp::SET_ETH;
-      std::memcpy(a.set.val, f.dl_dst, 12);
-      std::memcpy(a.set.msk, p.dl_dst, 12);
-      out_.actions.push_back(a);
-    }
+    // Ethernet: image = dst, src (as on the wire).
+    emit_set(Dp::SET_ETH, f.dl_dst, p.dl_dst, 0, 12);
     uint16_t type = be16(f.dl_type);
-    if (type == kEthIp && (p.nw_src || p.nw_dst || p.nw_tos || p.nw_ttl)) {
-      DpAction a;
-      a.type = Dp::SET_IPV4;
-      a.set.val[1] = f.nw_tos;
-      a.set.msk[1] = p.nw_tos;
-      a.set.val[8] = f.nw_ttl;
-      a.set.msk[8] = p.nw_ttl;
-      std::memcpy(a.set.val + 12, &f.nw_src, 8);
-      std::memcpy(a.set.msk + 12, &p.nw_src, 8);
-      out_.actions.push_back(a);
-    } else if (type == kEthIpv6 &&
-               (bytes_nonzero(p.ipv6_src, 32) || p.nw_tos || p.nw_ttl)) {
-      DpAction a;
-      a.type = Dp::SET_IPV6;
-      a.set.val[0] = f.nw_tos >> 4;
-      a.set.msk[0] = p.nw_tos >> 4;
-      a.set.val[1] = static_cast<uint8_t>(f.nw_tos << 4);
-      a.set.msk[1] = static_cast<uint8_t>(p.nw_tos << 4);
-      a.set.val[7] = f.nw_ttl;
-      a.set.msk[7] = p.nw_ttl;
-      std::memcpy(a.set.val + 8, f.ipv6_src, 32);
-      std::memcpy(a.set.msk + 8, p.ipv6_src, 32);
-      out_.actions.push_back(a);
-    } else if (type == kEthArp && (p.nw_proto || p.nw_src || p.nw_dst || bytes_nonzero(p.arp_sha, 12))) {
-      DpAction a;
-      a.type = Dp::SET_ARP;
+    uint8_t v[40] = {}, m[40] = {};
+    if (type == kEthIp) {
+      v[1] = f.nw_tos;
+      m[1] = p.nw_tos;
+      v[8] = f.nw_ttl;
+      m[8] = p.nw_ttl;
+      std::memcpy(v + 12, &f.nw_src, 8);
+      std::memcpy(m + 12, &p.nw_src, 8);
+      emit_set(Dp::SET_IPV4, v, m, 0, 20, 12, 20);
+    } else if (type == kEthIpv6) {
+      v[0] = f.nw_tos >> 4;
+      m[0] = p.nw_tos >> 4;
+      v[1] = static_cast<uint8_t>(f.nw_tos << 4);
+      m[1] = static_cast<uint8_t>(p.nw_tos << 4);
+      v[7] = f.nw_ttl;
+      m[7] = p.nw_ttl;
+      std::memcpy(v + 8, f.ipv6_src, 32);
+      std::memcpy(m + 8, p.ipv6_src, 32);
+      emit_set(Dp::SET_IPV6, v, m, 0, 8);
+      emit_set(Dp::SET_IPV6, v, m, 8, 24, 8, 40, f.nw_proto);
+      emit_set(Dp::SET_IPV6, v, m, 24, 40, 8, 40, f.nw_proto);
+    } else if (type == kEthArp) {
       if (p.nw_proto) {
-        a.set.val[6] = 0;
-        a.set.msk[6] = 0xff;
-        a.set.val[7] = f.nw_proto;
-        a.set.msk[7] = 0xff;
+        v[7] = f.nw_proto;
+        m[6] = m[7] = 0xff;
       }
-      std::memcpy(a.set.val + 8, f.arp_sha, 6);
-      std::memcpy(a.set.msk + 8, p.arp_sha, 6);
-      std::memcpy(a.set.val + 14, &f.nw_src, 4);
-      std::memcpy(a.set.msk + 14, &p.nw_src, 4);
-      std::memcpy(a.set.val + 18, f.arp_tha, 6);
-      std::memcpy(a.set.msk + 18, p.arp_tha, 6);
-      std::memcpy(a.set.val + 24, &f.nw_dst, 4);
-      std::memcpy(a.set.msk + 24, &p.nw_dst, 4);
-      out_.actions.push_back(a);
+      std::memcpy(v + 8, f.arp_sha, 6);
+      std::memcpy(m + 8, p.arp_sha, 6);
+      std::memcpy(v + 14, &f.nw_src, 4);
+      std::memcpy(m + 14, &p.nw_src, 4);
+      std::memcpy(v + 18, f.arp_tha, 6);
+      std::memcpy(m + 18, p.arp_tha, 6);
+      std::memcpy(v + 24, &f.nw_dst, 4);
+      std::memcpy(m + 24, &p.nw_dst, 4);
+      emit_set(Dp::SET_ARP, v, m, 6, 24);
+      emit_set(Dp::SET_ARP, v, m, 24, 28);
     }
     if ((type == kEthIp || type == kEthIpv6) && (p.tp_src || p.tp_dst) &&
         (f.nw_proto == kIpTcp || f.nw_proto == kIpUdp || f.nw_proto == kIpSctp)) {
-      DpAction a;
-      a.type = Dp::SET_L4;
-      a.proto = f.nw_proto;
-      std::memcpy(a.set.val, &f.tp_src, 4);
-      std::memcpy(a.set.msk, &p.tp_src, 4);
-      out_.actions.push_back(a);
+      emit_set(Dp::SET_L4, reinterpret_cast<const uint8_t*>(&f.tp_src), reinterpret_cast<const uint8_t*>(&p.tp_src),
+               0, 4, 0, 0, f.nw_proto);
     }
     std::memcpy(&base_, &flow_, kKeyBytes);
     std::memset(&pending_, 0, sizeof pending_);
@@ -657,11 +667,19 @@ void xlate(const XlateEnv& env, const Flow& key, XlateOut* out, std::vector<Trac
   ctx.run(key);
 }
 
+// "name=value[/mask]" for bytes [lo, hi) of a set action's header image, ""
+// when that part is not written.
+std::string win_item(const DpAction& a, const char* name, int lo, int hi, std::string (*fmt)(const uint8_t*)) {
+  if (lo < a.ofs || hi > a.ofs + a.len) return "";
+  const uint8_t* v = a.set.val + (lo - a.ofs);
+  const uint8_t* m = a.set.msk + (lo - a.ofs);
+  return set_item(name, v, m, hi - lo, fmt);
+}
+
 std::string format_dp_actions(const DpActions& acts, const PortNames* ports) {
   std::vector<std::string> items;
   for (size_t i = 0; i < acts.size(); i++) {
     const DpAction& a = acts[i];
-    const uint8_t *v = a.set.val, *m = a.set.msk;
     std::string s;
     switch (a.type) {
       case Dp::OUTPUT: {
@@ -670,10 +688,11 @@ std::string format_dp_actions(const DpActions& acts, const PortNames* ports) {
         break;
       }
       case Dp::SET_ETH:
-        s = "set(eth(" + join({set_item("src", v + 6, m + 6, 6, mac_text), set_item("dst", v, m, 6, mac_text)}) + "))";
+        s = "set(eth(" + join({win_item(a, "src", 6, 12, mac_text), win_item(a, "dst", 0, 6, mac_text)}) + "))";
         break;
       case Dp::SET_VLAN: {
         char b[40];
+        const uint8_t *v = a.set.val, *m = a.set.msk;
         std::snprintf(b, sizeof b, "set(vlan(tci=0x%04x/0x%04x))", (v[0] << 8) | v[1], (m[0] << 8) | m[1]);
         s = b;
         break;
@@ -686,37 +705,41 @@ std::string format_dp_actions(const DpActions& acts, const PortNames* ports) {
       }
       case Dp::POP_VLAN: s = "pop_vlan"; break;
       case Dp::SET_IPV4:
-        s = "set(ipv4(" + join({set_item("src", v + 12, m + 12, 4, ip4_text), set_item("dst", v + 16, m + 16, 4, ip4_text),
-                                set_item("tos", v + 1, m + 1, 1, dec_text), set_item("ttl", v + 8, m + 8, 1, dec_text)}) +
+        s = "set(ipv4(" + join({win_item(a, "src", 12, 16, ip4_text), win_item(a, "dst", 16, 20, ip4_text),
+                                win_item(a, "tos", 1, 2, dec_text), win_item(a, "ttl", 8, 9, dec_text)}) +
             "))";
         break;
       case Dp::SET_IPV6: {
-        uint8_t tc = static_cast<uint8_t>((v[0] << 4) | (v[1] >> 4)), tcm = static_cast<uint8_t>((m[0] << 4) | (m[1] >> 4));
-        s = "set(ipv6(" + join({set_item("src", v + 8, m + 8, 16, ip6_text), set_item("dst", v + 24, m + 24, 16, ip6_text),
-                                set_item("tclass", &tc, &tcm, 1, dec_text), set_item("hlimit", v + 7, m + 7, 1, dec_text)}) +
+        std::string tc;
+        if (a.ofs == 0 && (a.set.msk[0] & 0x0f || a.set.msk[1] & 0xf0)) {
+          uint8_t t = static_cast<uint8_t>((a.set.val[0] << 4) | (a.set.val[1] >> 4));
+          uint8_t tm = static_cast<uint8_t>((a.set.msk[0] << 4) | (a.set.msk[1] >> 4));
+          tc = set_item("tclass", &t, &tm, 1, dec_text);
+        }
+        s = "set(ipv6(" + join({win_item(a, "src", 8, 24, ip6_text), win_item(a, "dst", 24, 40, ip6_text), tc,
+                                win_item(a, "hlimit", 7, 8, dec_text)}) +
             "))";
         break;
       }
       case Dp::SET_L4: {
         const char* n = a.proto == kIpTcp ? "tcp" : a.proto == kIpUdp ? "udp" : "sctp";
-        s = std::string("set(") + n + "(" + join({set_item("src", v, m, 2, port16_text), set_item("dst", v + 2, m + 2, 2, port16_text)}) + "))";
+        s = std::string("set(") + n + "(" +
+            join({win_item(a, "src", 0, 2, port16_text), win_item(a, "dst", 2, 4, port16_text)}) + "))";
         break;
       }
-      case Dp::SET_ARP: {
-        uint8_t op = v[7];
-        s = "set(arp(" + join({set_item("op", &op, m + 7, 1, dec_text), set_item("sha", v + 8, m + 8, 6, mac_text),
-                               set_item("sip", v + 14, m + 14, 4, ip4_text), set_item("tha", v + 18, m + 18, 6, mac_text),
-                               set_item("tip", v + 24, m + 24, 4, ip4_text)}) +
+      case Dp::SET_ARP:
+        s = "set(arp(" + join({win_item(a, "op", 7, 8, dec_text), win_item(a, "sha", 8, 14, mac_text),
+                               win_item(a, "sip", 14, 18, ip4_text), win_item(a, "tha", 18, 24, mac_text),
+                               win_item(a, "tip", 24, 28, ip4_text)}) +
             "))";
         break;
-      }
       case Dp::TNL_PUSH: {
-        const uint8_t* h = a.tnl.hdr;
-        size_t l4 = a.tnl.ipv6 ? 54 : 34;
+        const uint8_t* h = a.tnl->hdr;
+        size_t l4 = a.tnl->ipv6 ? 54 : 34;
         const uint8_t* vx = h + l4 + 8;
         uint32_t vni = (static_cast<uint32_t>(vx[4]) << 16) | (vx[5] << 8) | vx[6];
-        std::string src = a.tnl.ipv6 ? ip6_text(h + 22) : ip4_text(h + 26);
-        std::string dst = a.tnl.ipv6 ? ip6_text(h + 38) : ip4_text(h + 30);
+        std::string src = a.tnl->ipv6 ? ip6_text(h + 22) : ip4_text(h + 26);
+        std::string dst = a.tnl->ipv6 ? ip6_text(h + 38) : ip4_text(h + 30);
         std::string out = ports ? ports->port_name(a.port) : "";
         s = "tnl_push(vxlan(vni=" + std::to_string(vni) + ",src=" + src + ",dst=" + dst +
             ",dport=" + std::to_string((h[l4 + 2] << 8) | h[l4 + 3]) + "),eth(src=" + mac_text(h + 6) +

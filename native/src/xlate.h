@@ -58,6 +58,7 @@ struct XlateEnv {
 
 struct XlateOut {
   DpActions actions;
+  TnlHeaders tnl_hdrs;               // owned by the megaflow once installed
   Flow wc{};                         // datapath words only are meaningful
   std::vector<XcacheEntry> xcache;
   uint16_t tenant = 0;

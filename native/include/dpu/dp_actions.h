@@ -5,12 +5,17 @@
 // the fast path (execute.cc) runs them. They are deliberately few and
 // constant: a set action carries the value and mask to write (the slow path
 // un-wildcarded whatever the value depended on), so executing one is a masked
-// copy plus incremental checksum updates. The only per-packet computations are
-// checksums, the VXLAN source port (a hash of the inner flow) and the MTU check.
+// write of a few 16-bit words plus one incremental checksum update per changed
+// word. The only per-packet computations are checksums, the VXLAN source port
+// (a hash of the inner flow) and the MTU check.
 //
 //   OUTPUT(port)            send a copy (or, as the last action, the packet)
-//   SET_ETH / SET_IPV4 / SET_IPV6 / SET_L4 / SET_ARP / SET_VLAN
-//                           masked write of a header image at its offset
+//   SET_ETH / SET_VLAN / SET_IPV4 / SET_IPV6 / SET_L4 / SET_ARP
+//                           masked write of a window of at most 20 bytes of
+//                           that header (an IPv6 or ARP rewrite may take two or
+//                           three windows); `words` says which 16-bit words of
+//                           the window change, `addr_words` which of them are IP
+//                           addresses (for the L4 pseudo-header checksum)
 //   PUSH_VLAN(tpid,tci) / POP_VLAN
 //   TNL_PUSH(header, port)  VXLAN-encapsulate a copy and send it to the underlay
 //   TNL_POP(port)           validate+strip VXLAN, set tunnel metadata, in_port =
@@ -18,12 +23,14 @@
 //   CLONE(n)                run the next n actions on a copy (group buckets)
 //   DROP(reason)            record why the packet is dropped
 //
-// Plain data; built by the slow path, read by workers.
+// One action is one 64-byte cache line; tunnel header templates live out of
+// line (TnlHeader), owned by the megaflow. Built by the slow path, read by
+// workers.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
-#include <string>
+#include <memory>
 #include <vector>
 
 namespace dpu {
@@ -33,42 +40,43 @@ enum class Dp : uint8_t {
   TNL_PUSH, TNL_POP, CLONE, DROP,
 };
 
-// Header images for set actions, in wire layout starting at the header.
-constexpr int kSetEthLen = 12;   // dst, src
-constexpr int kSetVlanLen = 2;   // TCI (after the TPID)
-constexpr int kSetIpv4Len = 20;
-constexpr int kSetIpv6Len = 40;
-constexpr int kSetL4Len = 4;     // ports
-constexpr int kSetArpLen = 28;
-constexpr int kSetMax = 40;
-
+constexpr int kSetWindow = 20;  // bytes a set action can write
 constexpr int kTnlHdrMax = 72;
 
-struct DpAction {
+// What TNL_PUSH prepends and how; what TNL_POP checks.
+struct TnlHeader {
+  uint8_t hdr[kTnlHdrMax] = {};  // Ethernet + IPv4/IPv6 + UDP + VXLAN, lengths/csums zero
+  uint8_t hdr_len = 0;           // 50 or 70
+  bool ipv6 = false;
+  bool strict = false;           // TNL_POP: reserved bits must be zero
+  uint16_t mtu = 1500;           // underlay IP MTU
+  uint16_t sport_min = 49152, sport_max = 65535;
+  uint16_t ip_csum_base = 0;     // IPv4: folded raw-order sum of the template header
+};
+
+struct alignas(64) DpAction {
   Dp type = Dp::DROP;
   uint8_t proto = 0;       // SET_L4: IP protocol of the header being written
-  uint16_t n_nested = 0;   // CLONE
+  uint8_t ofs = 0;         // sets: window start within the header
+  uint8_t len = 0;         // sets: window length (even, <= kSetWindow)
+  uint16_t words = 0;      // sets: bit k = window bytes 2k..2k+1 change
+  uint16_t addr_words = 0; // sets: the changing words that are IP addresses
   uint32_t port = 0;       // OUTPUT; TNL_PUSH: underlay port; TNL_POP: tunnel port
+  uint16_t n_nested = 0;   // CLONE
   uint16_t reason = 0;     // DROP
   uint16_t tpid = 0, tci = 0;  // PUSH_VLAN (host order)
   union {
     struct {
-      uint8_t val[kSetMax];
-      uint8_t msk[kSetMax];
+      uint8_t val[kSetWindow];
+      uint8_t msk[kSetWindow];
     } set;
-    struct {
-      uint8_t hdr[kTnlHdrMax];  // Ethernet + IPv4/IPv6 + UDP + VXLAN, lengths/csums zero
-      uint8_t hdr_len;          // 50 or 70
-      uint8_t ipv6;
-      uint8_t strict;           // TNL_POP: reserved bits must be zero
-      uint16_t mtu;             // underlay IP MTU
-      uint16_t sport_min, sport_max;
-      uint16_t ip_csum_base;    // IPv4: raw-order sum of the template header (length excluded)
-    } tnl;
+    const TnlHeader* tnl;  // TNL_PUSH / TNL_POP
   };
-  DpAction() { std::memset(&set, 0, sizeof(tnl) > sizeof(set) ? sizeof(tnl) : sizeof(set)); }
+  DpAction() { std::memset(&set, 0, sizeof set); }
 };
+static_assert(sizeof(DpAction) == 64, "one datapath action per cache line");
 
 using DpActions = std::vector<DpAction>;
+using TnlHeaders = std::vector<std::unique_ptr<TnlHeader>>;
 
 }  // namespace dpu
