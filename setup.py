@@ -12,9 +12,28 @@ from setuptools import Extension, setup
 
 ParallelCompile("DPU_BUILD_JOBS", default=os.cpu_count() or 2).install()
 
-CXXFLAGS = ["-O3", "-std=c++17", "-fno-plt", "-Wall", "-Wextra", "-Wno-unused-parameter"]
-if os.environ.get("DPU_NATIVE_ARCH"):
-    CXXFLAGS.append("-march=native")
+CXXFLAGS = ["-O3", "-g", "-std=c++17", "-fno-plt", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+def _host_isa():
+    """x86-64-v3 (AVX2, BMI2, SSE4.2) when this machine has it: a source build
+    runs where it is built. DPU_NATIVE_ARCH=1 asks for -march=native instead,
+    DPU_PORTABLE=1 for the plain x86-64 baseline."""
+    if os.environ.get("DPU_NATIVE_ARCH"):
+        return ["-march=native"]
+    if os.environ.get("DPU_PORTABLE"):
+        return []
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    if {"avx2", "bmi2", "fma", "movbe", "sse4_2"} <= set(flags):
+        return ["-march=x86-64-v3"]
+    if "sse4_2" in flags:
+        return ["-msse4.2"]
+    return []
+
+
+CXXFLAGS += _host_isa()
 if os.environ.get("DPU_DEBUG"):
     CXXFLAGS = [f for f in CXXFLAGS if f != "-O3"] + ["-O0", "-g", "-fsanitize=address,undefined"]
 

@@ -26,6 +26,8 @@
 #include <memory>
 #include <vector>
 
+#include "dpu/mem.h"
+
 #include "dpu/dp_actions.h"
 #include "dpu/flow_key.h"
 #include "xlate.h"
@@ -153,9 +155,18 @@ class Emc {
  private:
   // Whole-key compare, a word at a time, without early exits (vectorises).
   static bool same(const uint64_t* a, const uint64_t* b) {
+#if defined(__AVX2__)
+    __m256i d = _mm256_setzero_si256();
+    for (size_t i = 0; i + 4 <= 16; i += 4)
+      d = _mm256_or_si256(d, _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
+                                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))));
+    uint64_t t = (a[16] ^ b[16]) | (a[17] ^ b[17]) | (a[18] ^ b[18]);
+    return _mm256_testz_si256(d, d) && t == 0;
+#else
     uint64_t d = 0;
     for (size_t i = 0; i < kKeyWords; i++) d |= a[i] ^ b[i];
     return d == 0;
+#endif
   }
   struct alignas(64) Entry {
     uint32_t hash;

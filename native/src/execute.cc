@@ -1,23 +1,17 @@
-// execute.cc: stage "execute": run a megaflow's datapath actions on a packet.
-//
-// Uses:  the packet, its parsed offsets (l3_ofs/l4_ofs), its flow key (for
-//        hashes and ICMP replies), and the DpAction list (dp_actions.h).
-// Sets:  header bytes (masked writes with RFC 1624 incremental checksum updates
-//        of IPv4 header, TCP, UDP and ICMPv6 checksums; SCTP's CRC32c is
-//        recomputed), VLAN tags, and the per-arrival output/drop bookkeeping.
-// Next:  per-port tx queues (Worker::emit), or the recirculation list (TNL_POP).
-//
-// The last action that sends the packet takes the buffer itself; earlier ones
-// send copies. A UDP checksum of 0 over IPv4 means "none" and stays 0; a
-// recomputed UDP checksum of 0 is sent as 0xffff. Never allocates except for
-// packet copies from the worker's pool, never throws. Worker thread only.
-#include <algorithm>
+// execute.cc: the out-of-line parts of the action executor (execute.h): the
+// entry used by clones (group buckets) to recurse, and the CRC32c that SCTP
+// checksums need after a port rewrite. Worker thread only.
+#include <cstddef>
+#include <cstdint>
 
-#include "checksum.h"
-#include "worker.h"
+#include "execute.h"
 
 namespace dpu {
-namespace {
+
+void Worker::run_actions_nested(Packet* p, const Flow& key, const DpAction* a, size_t n,
+                                std::vector<Packet*>& recirc) {
+  run_actions(p, key, a, n, recirc);
+}
 
 uint32_t crc32c(const uint8_t* p, size_t n) {
   static uint32_t table[256];
@@ -33,196 +27,6 @@ uint32_t crc32c(const uint8_t* p, size_t n) {
   uint32_t c = 0xffffffffu;
   for (size_t i = 0; i < n; i++) c = table[(c ^ p[i]) & 0xff] ^ (c >> 8);
   return ~c;
-}
-
-// The L4 checksum affected by an address change, or nullptr.
-uint8_t* l4_csum(Packet* p, uint8_t proto, bool v6, bool* is_udp) {
-  if (p->l4_ofs == kNoOffset) return nullptr;
-  uint8_t* l4 = p->data() + p->l4_ofs;
-  uint32_t len = p->len - p->l4_ofs;
-  *is_udp = proto == kIpUdp;
-  if (proto == kIpTcp && len >= 20) return l4 + 16;
-  if (proto == kIpUdp && len >= 8) return l4 + 6;
-  if (proto == kIpIcmpv6 && v6 && len >= 4) return l4 + 2;
-  return nullptr;
-}
-
-// Masked write of the changed 16-bit words of a set window at `h`; keeps the
-// checksum at `csum` (if any) and, for address words, the L4 checksum at
-// `l4c` (if any) up to date, one RFC 1624 step per changed word.
-inline void apply_window(uint8_t* h, const DpAction& a, uint8_t* csum, uint8_t* l4c, bool udp) {
-  uint16_t hc = csum ? load16(csum) : 0;
-  uint16_t lc = l4c ? load16(l4c) : 0;
-  if (udp && lc == 0) l4c = nullptr;  // no UDP checksum (IPv4): stays 0
-  for (uint32_t w = a.words; w; w &= w - 1) {
-    int k = __builtin_ctz(w);
-    uint8_t* at = h + 2 * k;
-    uint16_t old = load16(at);
-    uint16_t m = load16(a.set.msk + 2 * k), v = load16(a.set.val + 2 * k);
-    uint16_t nw = static_cast<uint16_t>((old & ~m) | (v & m));
-    store16(at, nw);
-    if (csum) hc = csum_replace16(hc, old, nw);
-    if (l4c && (a.addr_words >> k & 1)) lc = csum_replace16(lc, old, nw);
-  }
-  if (csum) store16(csum, hc);
-  if (l4c) store16(l4c, udp && lc == 0 ? 0xffff : lc);
-}
-
-void set_ipv4(Packet* p, const DpAction& a) {
-  if (p->l3_ofs == kNoOffset) return;
-  uint8_t* ip = p->data() + p->l3_ofs;
-  uint8_t* l4c = nullptr;
-  bool udp = false;
-  if (a.addr_words && (be16(load16(ip + 6)) & 0x1fff) == 0) l4c = l4_csum(p, ip[9], false, &udp);
-  apply_window(ip, a, ip + 10, l4c, udp);
-}
-
-void set_ipv6(Packet* p, const DpAction& a) {
-  if (p->l3_ofs == kNoOffset) return;
-  uint8_t* ip = p->data() + p->l3_ofs;
-  uint8_t* l4c = nullptr;
-  bool udp = false;
-  if (a.addr_words) l4c = l4_csum(p, a.proto, true, &udp);
-  apply_window(ip + a.ofs, a, nullptr, l4c, udp);
-}
-
-void set_l4(Packet* p, const DpAction& a) {
-  if (p->l4_ofs == kNoOffset) return;
-  uint8_t* l4 = p->data() + p->l4_ofs;
-  uint32_t len = p->len - p->l4_ofs;
-  if (a.proto == kIpSctp) {
-    if (len < 12) return;
-    apply_window(l4, a, nullptr, nullptr, false);
-    std::memset(l4 + 8, 0, 4);
-    uint32_t c = crc32c(l4, len);
-    std::memcpy(l4 + 8, &c, 4);  // CRC32c is stored little-endian on the wire
-    return;
-  }
-  uint8_t* csum = a.proto == kIpTcp ? (len >= 20 ? l4 + 16 : nullptr) : (len >= 8 ? l4 + 6 : nullptr);
-  if (a.proto == kIpUdp && csum && load16(csum) == 0) csum = nullptr;  // no checksum (IPv4)
-  uint16_t before = csum ? load16(csum) : 0;
-  apply_window(l4, a, csum, nullptr, false);
-  if (a.proto == kIpUdp && csum && before != 0 && load16(csum) == 0) store16(csum, 0xffff);
-}
-
-void set_arp(Packet* p, const DpAction& a) {
-  if (p->l3_ofs == kNoOffset || p->len < p->l3_ofs + 28u) return;
-  apply_window(p->data() + p->l3_ofs + a.ofs, a, nullptr, nullptr, false);
-}
-
-void shift_offsets(Packet* p, int delta) {
-  if (p->l3_ofs != kNoOffset) p->l3_ofs = static_cast<uint16_t>(p->l3_ofs + delta);
-  if (p->l4_ofs != kNoOffset) p->l4_ofs = static_cast<uint16_t>(p->l4_ofs + delta);
-}
-
-bool push_vlan(Packet* p, uint16_t tpid, uint16_t tci) {
-  if (p->len < 12 || p->data_off < 4) return false;
-  p->data_off = static_cast<uint16_t>(p->data_off - 4);
-  p->len = static_cast<uint16_t>(p->len + 4);
-  uint8_t* d = p->data();
-  std::memmove(d, d + 4, 12);
-  uint16_t t = be16(tpid), c = be16(tci);
-  std::memcpy(d + 12, &t, 2);
-  std::memcpy(d + 14, &c, 2);
-  shift_offsets(p, 4);
-  return true;
-}
-
-void pop_vlan(Packet* p) {
-  uint8_t* d = p->data();
-  if (p->len < 18) return;
-  uint16_t t = be16(load16(d + 12));
-  if (t != kEthVlan && t != kEthQinQ) return;
-  std::memmove(d + 4, d, 12);
-  p->data_off = static_cast<uint16_t>(p->data_off + 4);
-  p->len = static_cast<uint16_t>(p->len - 4);
-  shift_offsets(p, -4);
-}
-
-void set_vlan(Packet* p, const DpAction& a) {
-  uint8_t* d = p->data();
-  if (p->len < 18) return;
-  uint16_t t = be16(load16(d + 12));
-  if (t != kEthVlan && t != kEthQinQ) return;
-  apply_window(d + 14, a, nullptr, nullptr, false);
-}
-
-}  // namespace
-
-void Worker::run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n, std::vector<Packet*>& recirc) {
-  for (size_t i = 0; i < n; i++) {
-    const DpAction& act = a[i];
-    const bool last = i + 1 == n;
-    switch (act.type) {
-      case Dp::OUTPUT: {
-        if (last) {
-          emit(act.port, p, true);
-          return;
-        }
-        Packet* c = copy(p);
-        if (c) emit(act.port, c, true);
-        else reason_[p->origin] = DROP_NO_BUFFER;
-        break;
-      }
-      case Dp::SET_ETH:
-        if (p->len >= 12) apply_window(p->data(), act, nullptr, nullptr, false);
-        break;
-      case Dp::SET_VLAN:
-        set_vlan(p, act);
-        break;
-      case Dp::PUSH_VLAN:
-        push_vlan(p, act.tpid, act.tci);
-        break;
-      case Dp::POP_VLAN:
-        pop_vlan(p);
-        break;
-      case Dp::SET_IPV4:
-        set_ipv4(p, act);
-        break;
-      case Dp::SET_IPV6:
-        set_ipv6(p, act);
-        break;
-      case Dp::SET_L4:
-        set_l4(p, act);
-        break;
-      case Dp::SET_ARP:
-        set_arp(p, act);
-        break;
-      case Dp::TNL_PUSH: {
-        Packet* c = last ? p : copy(p);
-        if (!c) {
-          reason_[p->origin] = DROP_NO_BUFFER;
-          break;
-        }
-        if (tnl_push(c, key, act)) emit(act.port, c, true);
-        if (last) return;
-        break;
-      }
-      case Dp::TNL_POP: {
-        uint16_t r = tnl_pop(p, act);
-        if (r != DROP_NONE) drop(p, r);
-        else recirc.push_back(p);
-        return;  // always the last action
-      }
-      case Dp::CLONE: {
-        size_t inner = act.n_nested;
-        if (i + inner + 1 == n) {
-          // Nothing follows the clone: run it on the packet itself.
-          run_actions(p, key, a + i + 1, inner, recirc);
-          return;
-        }
-        Packet* c = copy(p);
-        if (c) run_actions(c, key, a + i + 1, inner, recirc);
-        else reason_[p->origin] = DROP_NO_BUFFER;
-        i += inner;
-        break;
-      }
-      case Dp::DROP:
-        drop(p, act.reason);
-        return;
-    }
-  }
-  drop(p, DROP_NONE);
 }
 
 }  // namespace dpu

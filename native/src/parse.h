@@ -22,6 +22,7 @@
 #include "checksum.h"
 #include "dpu/batch.h"
 #include "dpu/flow_key.h"
+#include "dpu/mem.h"
 
 namespace dpu {
 
@@ -147,7 +148,7 @@ inline uint8_t parse_arp(Flow* key, Packet* p, const uint8_t* d, uint32_t off, u
 }  // namespace parse_detail
 
 inline uint8_t parse_packet(Packet* p, Flow* key) {
-  std::memset(static_cast<void*>(key), 0, kKeyBytes);  // fixed size: vector stores, not rep stos
+  zero_fixed<kKeyBytes>(key);
   const PacketMeta& md = p->md;
   key->in_port = md.in_port;
   key->recirc_id = md.recirc_id;

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "dataplane.h"
+#include "execute.h"
 #include "parse.h"
 
 #if defined(__x86_64__)
@@ -255,13 +256,12 @@ void Worker::emit(uint32_t port, Packet* p, bool counts_as_output) {
     drop(p, DROP_NO_OUTPUT);
     return;
   }
-  if (counts_as_output) out_count_[p->origin]++;
-  PortCounters& pc = ports[port];
-  pc.tx_packets++;
-  pc.tx_bytes += p->len;
-  if (p->md.tenant && counts_as_output) {
-    tenants[p->md.tenant].tx_packets++;
-    tenants[p->md.tenant].tx_bytes += p->len;
+  if (counts_as_output) {
+    out_count_[p->origin]++;
+    if (p->md.tenant) {
+      tenants[p->md.tenant].tx_packets++;
+      tenants[p->md.tenant].tx_bytes += p->len;
+    }
   }
   std::vector<Packet*>& q = tx_[port];
   if (q.empty()) tx_ports_.push_back(port);
@@ -283,7 +283,14 @@ void Worker::flush_tx(bool sort) {
     if (sink_) sink_->send(port, q.data(), static_cast<uint32_t>(q.size()));
     pmd.tx_batches++;
     pmd.tx_packets += q.size();
-    for (Packet* p : q) pool_.put(p);
+    uint64_t bytes = 0;
+    for (Packet* p : q) {
+      bytes += p->len;
+      pool_.put(p);
+    }
+    PortCounters& pc = ports[port];
+    pc.tx_packets += q.size();
+    pc.tx_bytes += bytes;
     q.clear();
   }
   tx_ports_.clear();

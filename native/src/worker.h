@@ -99,7 +99,11 @@ class Worker {
   friend class Executor;
   void sync_version();
   void pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool first);
-  void run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n, std::vector<Packet*>& recirc);
+  // execute.h: inlined into the batch loop; clones recurse through the
+  // out-of-line run_actions_nested (execute.cc).
+  __attribute__((always_inline)) inline void run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n,
+                                                         std::vector<Packet*>& recirc);
+  void run_actions_nested(Packet* p, const Flow& key, const DpAction* a, size_t n, std::vector<Packet*>& recirc);
   void emit(uint32_t port, Packet* p, bool counts_as_output);
   void drop(Packet* p, uint16_t reason);
   Packet* copy(Packet* p);

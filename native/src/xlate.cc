@@ -497,7 +497,14 @@ class Ctx {
   // image bytes [alo, ahi) are IP addresses (pseudo-header checksum).
   void emit_set(Dp type, const uint8_t* v, const uint8_t* m, int lo, int hi, int alo = 0, int ahi = 0,
                 uint8_t proto = 0) {
+    // Narrow [lo, hi) to the bytes that change, keeping 16-bit word alignment
+    // relative to the header (checksums are sums of its 16-bit words).
+    while (lo < hi && !m[lo] && !(lo + 1 < hi && m[lo + 1])) lo += 2;
+    while (hi > lo && !m[hi - 1] && !m[hi - 2]) hi -= 2;
+    if (lo >= hi) return;
     DpAction a;
+    a.full = 1;
+    for (int b = lo; b < hi; b++) a.full &= m[b] == 0xff;
     a.type = type;
     a.proto = proto;
     a.ofs = static_cast<uint8_t>(lo);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dpu/flow_key.h"
+#include "dpu/mem.h"
 
 namespace dpu {
 
@@ -58,7 +59,7 @@ struct alignas(64) Packet {
   const uint8_t* data() const { return buf + data_off; }
   static constexpr uint32_t capacity() { return sizeof(buf) - kHeadroom; }
   void reset() {
-    md = PacketMeta();
+    zero_fixed<sizeof(PacketMeta)>(&md);
     data_off = kHeadroom;
     len = 0;
     l3_ofs = l4_ofs = kNoOffset;

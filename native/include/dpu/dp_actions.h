@@ -15,7 +15,8 @@
 //                           that header (an IPv6 or ARP rewrite may take two or
 //                           three windows); `words` says which 16-bit words of
 //                           the window change, `addr_words` which of them are IP
-//                           addresses (for the L4 pseudo-header checksum)
+//                           addresses (for the L4 pseudo-header checksum); the
+//                           window is narrowed to the bytes that change
 //   PUSH_VLAN(tpid,tci) / POP_VLAN
 //   TNL_PUSH(header, port)  VXLAN-encapsulate a copy and send it to the underlay
 //   TNL_POP(port)           validate+strip VXLAN, set tunnel metadata, in_port =
@@ -65,6 +66,7 @@ struct alignas(64) DpAction {
   uint16_t n_nested = 0;   // CLONE
   uint16_t reason = 0;     // DROP
   uint16_t tpid = 0, tci = 0;  // PUSH_VLAN (host order)
+  uint8_t full = 0;        // sets: every mask byte of the window is 0xff (plain copy)
   union {
     struct {
       uint8_t val[kSetWindow];
