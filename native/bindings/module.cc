@@ -15,6 +15,8 @@
 #include <chrono>
 
 #include "../src/dataplane.h"
+#include "../src/dpcls.h"
+#include "dpu/mem.h"
 #include "../src/runner.h"
 #include "dpu/ofparse.h"
 
@@ -151,6 +153,44 @@ PYBIND11_MODULE(_core, m) {
     uint64_t c1 = __rdtsc();
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return static_cast<double>(c1 - c0) / s;
+  });
+  m.def("selftest_simd", [](uint64_t iterations, uint64_t seed) {
+    // The vectorised helpers against their plain versions on random keys
+    // (STYLE.md #8): key compare, fixed-size zeroing, and the key hash's
+    // spread (both hashes must send 64k random keys to nearly all of 64k slots
+    // the way a uniform hash would).
+    uint64_t x = seed | 1, mismatches = 0;
+    auto rnd = [&x] {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      return x;
+    };
+    alignas(64) uint64_t a[kKeyWords], b[kKeyWords];
+    for (uint64_t it = 0; it < iterations; it++) {
+      for (size_t i = 0; i < kKeyWords; i++) a[i] = b[i] = (rnd() & 3) ? rnd() : 0;
+      if (rnd() & 1) b[rnd() % kKeyWords] ^= 1ull << (rnd() % 64);
+      if (Emc::same(a, b) != Emc::same_plain(a, b)) mismatches++;
+      uint8_t buf[200];
+      std::memset(buf, 0xaa, sizeof buf);
+      zero_fixed<kKeyBytes>(buf + 1);
+      for (size_t i = 0; i < sizeof buf; i++)
+        if (buf[i] != ((i >= 1 && i < 1 + kKeyBytes) ? 0 : 0xaa)) mismatches++;
+    }
+    std::vector<uint8_t> seen_fast(1 << 16), seen_plain(1 << 16);
+    for (int i = 0; i < (1 << 16); i++) {
+      for (size_t k = 0; k < kKeyWords; k++) a[k] = 0;
+      a[0] = static_cast<uint64_t>(i);  // keys that differ in few bits, like real flows
+      a[11] = rnd() & 0xffff;
+      seen_fast[hash_key_words(a, 7) & 0xffff] = 1;
+      seen_plain[hash_key_words_plain(a, 7) & 0xffff] = 1;
+    }
+    size_t filled_fast = 0, filled_plain = 0;
+    for (int i = 0; i < (1 << 16); i++) {
+      filled_fast += seen_fast[i];
+      filled_plain += seen_plain[i];
+    }
+    return py::make_tuple(mismatches, filled_fast, filled_plain);
   });
   m.def("drop_reasons", [] {
     std::vector<std::pair<std::string, std::string>> v;

@@ -152,8 +152,13 @@ class Emc {
     for (uint32_t i = 0; i < kEntries; i++) e_[i].mf = nullptr;
   }
 
- private:
-  // Whole-key compare, a word at a time, without early exits (vectorises).
+  // Whole-key compare without early exits. The AVX2 variant is checked
+  // against same_plain by selftest() (tests/test_selftest.py).
+  static bool same_plain(const uint64_t* a, const uint64_t* b) {
+    uint64_t d = 0;
+    for (size_t i = 0; i < kKeyWords; i++) d |= a[i] ^ b[i];
+    return d == 0;
+  }
   static bool same(const uint64_t* a, const uint64_t* b) {
 #if defined(__AVX2__)
     __m256i d = _mm256_setzero_si256();
@@ -161,13 +166,14 @@ class Emc {
       d = _mm256_or_si256(d, _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))));
     uint64_t t = (a[16] ^ b[16]) | (a[17] ^ b[17]) | (a[18] ^ b[18]);
+    static_assert(kKeyWords == 19, "four 32-byte lanes plus three words");
     return _mm256_testz_si256(d, d) && t == 0;
 #else
-    uint64_t d = 0;
-    for (size_t i = 0; i < kKeyWords; i++) d |= a[i] ^ b[i];
-    return d == 0;
+    return same_plain(a, b);
 #endif
   }
+
+ private:
   struct alignas(64) Entry {
     uint32_t hash;
     Megaflow* mf;

@@ -126,6 +126,14 @@ inline uint64_t mix128(uint64_t a, uint64_t b) {
   return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);
 }
 
+inline uint32_t hash_key_words_plain(const uint64_t* w, uint64_t seed) {
+  uint64_t h = seed;
+  for (size_t i = 0; i + 1 < kKeyWords; i += 2)
+    h ^= mix128(w[i] ^ 0x9e3779b97f4a7c15ull, w[i + 1] ^ (0xc2b2ae3d27d4eb4full + i));
+  h ^= mix128(w[kKeyWords - 1] ^ 0xa0761d6478bd642full, seed ^ 0xe7037ed1a0b428dbull);
+  return static_cast<uint32_t>(h ^ (h >> 32));
+}
+
 inline uint32_t hash_key_words(const uint64_t* w, uint64_t seed) {
 #if defined(__SSE4_2__)
   uint64_t a = seed, b = seed ^ 0x9e3779b97f4a7c15ull, c = seed ^ 0xc2b2ae3d27d4eb4full;
@@ -138,11 +146,7 @@ inline uint32_t hash_key_words(const uint64_t* w, uint64_t seed) {
   uint64_t h = mix128(a ^ (b << 32), c ^ 0x165667b19e3779f9ull);
   return static_cast<uint32_t>(h ^ (h >> 32));
 #else
-  uint64_t h = seed;
-  for (size_t i = 0; i + 1 < kKeyWords; i += 2)
-    h ^= mix128(w[i] ^ 0x9e3779b97f4a7c15ull, w[i + 1] ^ (0xc2b2ae3d27d4eb4full + i));
-  h ^= mix128(w[kKeyWords - 1] ^ 0xa0761d6478bd642full, seed ^ 0xe7037ed1a0b428dbull);
-  return static_cast<uint32_t>(h ^ (h >> 32));
+  return hash_key_words_plain(w, seed);
 #endif
 }
 
