@@ -104,6 +104,7 @@ class _V:
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self._ips: Dict[str, Any] = {}
 
     def fail(self, path: str, msg: str) -> None:
         raise TopologyError(f"{path}: {msg}", path=path, file=self.source)
@@ -129,10 +130,14 @@ class _V:
         return v.lower()
 
     def ip(self, v: Any, path: str, version: Optional[int] = None):
-        try:
-            a = ipaddress.ip_address(v if isinstance(v, str) else str(v))
-        except ValueError:
-            self.fail(path, f"{v!r} is not an IP address")
+        key = v if isinstance(v, str) else str(v)
+        a = self._ips.get(key)  # 100k endpoints reuse few distinct strings across tenants
+        if a is None:
+            try:
+                a = ipaddress.ip_address(key)
+            except ValueError:
+                self.fail(path, f"{v!r} is not an IP address")
+            self._ips[key] = a
         if version and a.version != version:
             self.fail(path, f"{a} is not an IPv{version} address")
         if a.is_multicast or a.is_unspecified:
@@ -499,8 +504,22 @@ def apply_topology(dp, src: Any, extra_flows: Union[None, str, Iterable[str]] = 
     (other cookies) stay, and ``extra_flows`` are added on top. Ports that the
     new topology no longer has are removed; a changed uplink is reconfigured.
     """
+    import gc
+
     from .dataplane import _flow_lines
 
+    # Compiling 100k endpoints allocates millions of short-lived objects and no
+    # cycles: the cyclic collector would only rescan them over and over.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _apply_topology(dp, src, extra_flows, _flow_lines)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _apply_topology(dp, src, extra_flows, _flow_lines) -> dict:
     topo = src if isinstance(src, Topology) else load_topology(src)
     comp = compile_topology(topo)
     old: Optional[Compiled] = getattr(dp, "topology", None)

@@ -6,10 +6,12 @@
 namespace dpu {
 
 size_t Classifier::KeyHash::operator()(const Flow& f) const {
+  // Key hash of the datapath words, folded with the pipeline words.
   const uint64_t* w = words(f);
-  uint64_t h = 0x2545f4914f6cdd1dull;
-  for (size_t i = 0; i < kFlowWords; i++) h = mix128(h ^ w[i], 0x9e3779b97f4a7c15ull);
-  return static_cast<size_t>(h);
+  uint64_t h = hash_key_words(w, 0x2545f4914f6cdd1dull);
+  uint64_t p = 0;
+  for (size_t i = kKeyWords; i < kFlowWords; i++) p = (p ^ w[i]) * 0x9e3779b97f4a7c15ull;
+  return static_cast<size_t>(mix128(h ^ p, 0xc2b2ae3d27d4eb4full));
 }
 
 static bool rule_before(const RulePtr& a, const RulePtr& b) {

@@ -127,24 +127,43 @@ void write_container(Flow& flow, const FieldDef& f, u128 v) {
 
 u128 ones(int bits) { return bits >= 128 ? ~static_cast<u128>(0) : ((static_cast<u128>(1) << bits) - 1); }
 
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
 bool parse_mac(std::string_view s, u128* out) {
   if (s.size() != 17) return false;
   u128 v = 0;
   for (int i = 0; i < 6; i++) {
     if (i > 0 && s[i * 3 - 1] != ':' && s[i * 3 - 1] != '-') return false;
-    u128 b;
-    if (!parse_uint(std::string("0x") + std::string(s.substr(i * 3, 2)), 8, &b)) return false;
-    v = (v << 8) | b;
+    int hi = hex_digit(s[i * 3]), lo = hex_digit(s[i * 3 + 1]);
+    if (hi < 0 || lo < 0) return false;
+    v = (v << 8) | static_cast<unsigned>(hi << 4 | lo);
   }
   *out = v;
   return true;
 }
 
+// Strict dotted quad (as inet_pton): four decimal octets, no leading zeros.
 bool parse_ipv4(std::string_view s, u128* out) {
-  std::string z(s);
-  in_addr a;
-  if (inet_pton(AF_INET, z.c_str(), &a) != 1) return false;
-  *out = be32(a.s_addr);
+  uint32_t v = 0;
+  size_t i = 0;
+  for (int part = 0; part < 4; part++) {
+    if (part > 0) {
+      if (i >= s.size() || s[i] != '.') return false;
+      i++;
+    }
+    size_t start = i;
+    uint32_t octet = 0;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9' && i - start < 3) octet = octet * 10 + static_cast<uint32_t>(s[i++] - '0');
+    if (i == start || octet > 255 || (i - start > 1 && s[start] == '0')) return false;
+    v = v << 8 | octet;
+  }
+  if (i != s.size()) return false;
+  *out = v;
   return true;
 }
 

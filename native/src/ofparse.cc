@@ -14,6 +14,8 @@
 namespace dpu {
 namespace {
 
+inline bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
 struct Item {
   std::string_view key, value;
   int pos = 0, value_pos = 0;  // positions in the line
@@ -26,7 +28,7 @@ struct Item {
 Status split_items(std::string_view s, int base, std::vector<Item>* out) {
   size_t i = 0;
   while (i < s.size()) {
-    while (i < s.size() && (s[i] == ',' || std::isspace(static_cast<unsigned char>(s[i])))) i++;
+    while (i < s.size() && (s[i] == ',' || is_blank(s[i]))) i++;
     if (i >= s.size()) break;
     size_t start = i;
     int depth = 0;
@@ -34,7 +36,7 @@ Status split_items(std::string_view s, int base, std::vector<Item>* out) {
     char kind = 0;
     for (; i < s.size(); i++) {
       char c = s[i];
-      if (depth == 0 && (c == ',' || std::isspace(static_cast<unsigned char>(c)))) break;
+      if (depth == 0 && (c == ',' || is_blank(c))) break;
       if (key_end == std::string_view::npos && (c == '=' || c == ':' || c == '(')) {
         key_end = i;
         kind = c;
@@ -476,7 +478,7 @@ static size_t find_actions(std::string_view s, size_t* value_start) {
   for (const char* kw : {"actions=", "action=", "actions:"}) {
     size_t n = std::strlen(kw);
     for (size_t p = s.find(kw); p != std::string_view::npos; p = s.find(kw, p + 1)) {
-      if (p == 0 || s[p - 1] == ',' || std::isspace(static_cast<unsigned char>(s[p - 1]))) {
+      if (p == 0 || s[p - 1] == ',' || is_blank(s[p - 1])) {
         *value_start = p + n;
         return p;
       }
@@ -646,7 +648,7 @@ Status parse_group(std::string_view text, bool need_buckets, const PortNames* po
   std::vector<std::pair<size_t, size_t>> parts;  // [start, end) of each bucket body
   size_t first = std::string_view::npos;
   for (size_t p = text.find("bucket="); p != std::string_view::npos; p = text.find("bucket=", p + 1)) {
-    if (p == 0 || text[p - 1] == ',' || std::isspace(static_cast<unsigned char>(text[p - 1]))) {
+    if (p == 0 || text[p - 1] == ',' || is_blank(text[p - 1])) {
       if (first == std::string_view::npos) first = p;
       if (!parts.empty()) parts.back().second = p;
       parts.push_back({p + 7, text.size()});
