@@ -156,8 +156,8 @@ inline uint8_t parse_packet(Packet* p, Flow* key) {
     key->tun_id = md.tun_id;
     key->tun_flags = md.tun_flags;
     if (md.tun_flags & kTunIpv6) {
-      std::memcpy(key->tun_ipv6_src, md.tun_ipv6_src, 16);
-      std::memcpy(key->tun_ipv6_dst, md.tun_ipv6_dst, 16);
+      std::memcpy(key->tun_ipv6_src, p->tun6.src, 16);
+      std::memcpy(key->tun_ipv6_dst, p->tun6.dst, 16);
     } else {
       key->tun_src = md.tun_src;
       key->tun_dst = md.tun_dst;

@@ -6,6 +6,8 @@
 #include <cstring>
 
 namespace dpu {
+
+constexpr uint32_t kRxBurst = 32;
 namespace {
 
 class CaptureSink : public PortSink {
@@ -101,7 +103,7 @@ BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets
   uint64_t done = 0;
   while (done < total) {
     b.clear();
-    uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(kBatchMax, total - done));
+    uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(kRxBurst, total - done));
     for (uint32_t k = 0; k < want; k++) {
       Packet* p = w.pool().get();
       p->len = static_cast<uint16_t>(lens[next]);

@@ -91,8 +91,8 @@ uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) {
   uint64_t vni = (static_cast<uint64_t>(vx[4]) << 16) | (vx[5] << 8) | vx[6];
   md.tun_id = be64(vni);
   if (a.ipv6) {
-    std::memcpy(md.tun_ipv6_src, ip + 8, 16);
-    std::memcpy(md.tun_ipv6_dst, ip + 24, 16);
+    std::memcpy(p->tun6.src, ip + 8, 16);
+    std::memcpy(p->tun6.dst, ip + 24, 16);
     md.tun_flags = kTunPresent | kTunIpv6;
   } else {
     std::memcpy(&md.tun_src, ip + 12, 4);
@@ -128,6 +128,7 @@ void Worker::send_too_big(Packet* p, const Flow& key, const TnlHeader& a) {
   Packet* r = pool_.get();
   if (!r) return;
   r->md = p->md;
+  r->tun6 = p->tun6;
   r->origin = p->origin;
   uint8_t* d = r->data();
   std::memcpy(d, key.dl_src, 6);

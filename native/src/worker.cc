@@ -64,8 +64,6 @@ void Worker::process(Batch& in) {
   for (uint32_t i = 0; i < n; i++) {
     Packet* p = in.pkts[i];
     p->origin = i;
-    p->md.orig_in_port = p->md.in_port;
-    p->md.passes = 0;
     p->md.tenant = 0;
     out_count_[i] = 0;
     reason_[i] = DROP_NONE;
@@ -135,7 +133,6 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     }
     hashes[i] = hash_key(keys[i]);
     emc_.prefetch(hashes[i]);
-    pkts[i]->md.passes++;
   }
   pmd.passes += n;
   if (profile_) {

@@ -27,25 +27,28 @@ constexpr uint32_t kPacketBlock = 2048;
 // Offsets filled by the parser; kNoOffset when the layer is absent/truncated.
 constexpr uint16_t kNoOffset = 0xffff;
 
+// Per-packet metadata that every pass reads: with the offsets below it fills
+// the packet's first cache line. The IPv6 tunnel addresses, needed only after
+// decapsulating from an IPv6 underlay, live in the second line (Packet::tun6).
 struct PacketMeta {
   uint64_t timestamp_ns = 0;  // capture time, carried to the output unchanged
-  uint32_t in_port = 0;       // current pass (a tunnel port after decap)
-  uint32_t orig_in_port = 0;  // where it arrived: rx/drop accounting
-  uint32_t recirc_id = 0;
-  uint32_t seq = 0;           // arrival index inside the run call (output order)
   uint64_t tun_id = 0;        // network order
+  uint32_t in_port = 0;       // current pass (a tunnel port after decap)
+  uint32_t recirc_id = 0;
   uint32_t tun_src = 0, tun_dst = 0;
-  uint8_t tun_ipv6_src[16] = {}, tun_ipv6_dst[16] = {};
-  uint16_t tun_flags = 0;
-  uint16_t ct_zone = 0;
   uint32_t ct_state = 0, ct_mark = 0;
+  uint16_t tun_flags = 0;     // kTunPresent | kTunIpv6
+  uint16_t ct_zone = 0;
   uint16_t tenant = 0;        // index into tenant counters, 0 = none yet
-  uint16_t passes = 0;        // lookups done so far (recirculations + 1)
 };
 
-// The header (metadata and offsets) fills the first two cache lines; the frame
-// starts cache-line aligned after the headroom, so a 64-byte packet touches one
-// line of data.
+struct TunnelIpv6 {
+  uint8_t src[16], dst[16];   // valid when md.tun_flags has kTunIpv6
+};
+
+// Line 0: metadata and offsets (all a pass reads); line 1: IPv6 tunnel
+// addresses; then the buffer, whose frame starts cache-line aligned after the
+// headroom, so a 64-byte packet touches one line of data.
 struct alignas(64) Packet {
   PacketMeta md;
   uint16_t data_off = kHeadroom;  // start of frame inside buf
@@ -53,6 +56,7 @@ struct alignas(64) Packet {
   uint16_t l3_ofs = kNoOffset;    // from frame start
   uint16_t l4_ofs = kNoOffset;
   uint32_t origin = 0;            // index (in its input batch) of the arrival it descends from
+  alignas(64) TunnelIpv6 tun6;
   alignas(64) uint8_t buf[kPacketBlock];
 
   uint8_t* data() { return buf + data_off; }
@@ -67,9 +71,10 @@ struct alignas(64) Packet {
   }
 };
 
-static_assert(sizeof(PacketMeta) <= 112, "metadata stays small");
+static_assert(sizeof(PacketMeta) + 12 <= 64, "metadata and offsets share one cache line");
 
 static_assert(offsetof(Packet, buf) == 128, "frame data must stay cache-line aligned");
+static_assert(offsetof(Packet, tun6) == 64, "hot header fits the first line");
 
 struct Batch {
   uint32_t count = 0;
@@ -102,6 +107,7 @@ class PacketPool {
     Packet* c = get();
     if (!c) return nullptr;
     c->md = p->md;
+    if (p->md.tun_flags & kTunIpv6) c->tun6 = p->tun6;
     c->data_off = p->data_off;
     c->len = p->len;
     c->l3_ofs = p->l3_ofs;
