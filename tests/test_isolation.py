@@ -346,6 +346,7 @@ class Model:
         T = self.per[tn]
         my_mac, my_ip = self.port_ep[port]
         k = Key(f)
+        # table 0: the port's own MAC, untagged, with its own IPv4/ARP sender (or a DHCP/ARP probe)
         accepted = False
         if len(f) >= 14 and k.dl_src == my_mac and not k.vlan and k.dl_type != ETH_VLAN and k.dl_type != ETH_QINQ:
             if k.dl_type == ETH_IP and k.ip_ok:
@@ -357,10 +358,10 @@ class Model:
         if not accepted:
             e.reason = "spoofed"
             return
-        # table 10
+        # table 10: ARP about the port's own address is flooded (probe, gratuitous) ...
         if k.arp_ok and k.nw_dst == my_ip:
             return self._l2(port, f, k.dl_dst, T, e)
-        if k.arp_ok and k.arp_op == 1 and k.nw_dst in T.answers:
+        if k.arp_ok and k.arp_op == 1 and k.nw_dst in T.answers:   # ... other requests answered in the tenant
             m = T.answers[k.nw_dst]
             o = k.l3
             r = bytearray(f)
@@ -373,7 +374,7 @@ class Model:
             r[o + 14:o + 18] = k.nw_dst
             e.outs.append(("port", port, bytes(r)))
             return
-        if k.dl_dst == T.gw:
+        if k.dl_dst == T.gw:   # routed by the anycast gateway to the tenant's endpoints, else unroutable
             if k.dl_type == ETH_IP and k.ip_ok and k.nw_dst in T.routes:
                 if k.nw_ttl <= 1:
                     e.reason = "ttl_exceeded"
@@ -394,6 +395,7 @@ class Model:
         self._l2(port, f, k.dl_dst, T, e)
 
     def _l2(self, port, f, dst, T, e):
+        """Table 20: the tenant's own MACs, then other tenants' MACs (isolation), then flooding."""
         for p, (m, _) in T.ports.items():
             if m == dst:
                 if p != port:
@@ -417,6 +419,8 @@ class Model:
             e.outs.append(("vxlan", vtep, T.vni, f))
 
     def _uplink(self, f, e):
+        """VXLAN for us is popped (UDP length, checksum, I flag), then table 0 accepts a VNI only
+        from its VTEPs, untagged, and table 30 delivers to the tenant's local ports only."""
         k = Key(f)
         n = len(f)
         fam_ok = k.dl_type == (ETH_IP6 if self.v6 else ETH_IP)
