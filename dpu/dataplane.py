@@ -454,8 +454,7 @@ class Dataplane:
         raw = self._core.stats()
         names = {p["ofport"]: p["name"] for p in self._core.ports()}
         ports = {names.get(n, str(n)): c for n, c in raw["ports"].items()}
-        tenant_names = [""] + [n for n, _ in self._core.tenants()]
-        tenants = {tenant_names[i]: c for i, c in enumerate(raw["tenants"]) if i and i < len(tenant_names)}
+        tenants = {name: raw["tenants"][slot] for name, _, slot in self._core.tenants() if slot < len(raw["tenants"])}
         tables = []
         for t, (lookups, matches, active) in enumerate(self._core.tables()):
             if lookups or active:

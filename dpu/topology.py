@@ -457,7 +457,8 @@ def compile_topology(topo: Topology) -> Compiled:
             add((tun.format(prio="priority=200") + f",{tun_src_field}={vt},vlan_tci=0x0000,"
                  f"actions={wmd},goto_table:{T_FABRIC}", sec))
             add((tun.format(prio="priority=190") + f",{tun_src_field}={vt},actions={wmd},drop(inner_vlan)", sec))
-        add((tun.format(prio="priority=150") + f",actions={wmd},drop(unknown_vtep)", sec))
+        # Not from one of its VTEPs: unauthenticated, so not charged to the tenant.
+        add((tun.format(prio="priority=150") + ",actions=drop(unknown_vtep)", sec))
 
         # Table 10: ARP suppression and routing.
         sec = f"table {T_L3}: {tname}: ARP suppression and anycast-gateway routing"

@@ -136,7 +136,23 @@ VXL_DROPS = [
     ("no inner Ethernet header", lambda: cut(vxlan(udp(BLUE_REMOTE_MAC, VM1_MAC, BLUE_REMOTE_IP, VM1_IP), BLUE_VNI, VTEP_BLUE), 14 + 20 + 16 + 10), "vxlan_truncated"),
     ("inner VLAN tag", lambda: vxlan(Ether(src=BLUE_REMOTE_MAC, dst=VM1_MAC) / Dot1Q(vlan=5) / IP(src=BLUE_REMOTE_IP, dst=VM1_IP) / UDP(), BLUE_VNI, VTEP_BLUE), "inner_vlan"),
     ("not VXLAN on the uplink", lambda: Ether(src=NEXTHOP_MAC, dst=UPLINK_MAC) / IP(src=VTEP_BLUE, dst=VTEP_LOCAL) / UDP(dport=53), "underlay"),
+    ("not to our VTEP MAC", lambda: b"\x02\x00\x00\x00\x00\x77" + bytes(vxlan(udp(BLUE_REMOTE_MAC, VM1_MAC, BLUE_REMOTE_IP, VM1_IP), BLUE_VNI, VTEP_BLUE))[6:], "underlay"),
+    ("outer VLAN tag", lambda: Ether(src=NEXTHOP_MAC, dst=UPLINK_MAC) / Dot1Q(vlan=9) / IP(src=VTEP_BLUE, dst=VTEP_LOCAL) / UDP(sport=1, dport=4789, chksum=0) / VXLAN(flags=0x08, vni=BLUE_VNI) / udp(BLUE_REMOTE_MAC, VM1_MAC, BLUE_REMOTE_IP, VM1_IP), "underlay"),
+    ("bad outer IPv4 header checksum", lambda: outer_ip_patch(10, b"\xde\xad"), "vxlan_bad_checksum"),
+    ("IP total length shorter than the UDP datagram", lambda: outer_ip_patch(2, (20 + 8 + 8 + 10).to_bytes(2, "big"), fix_csum=True), "vxlan_truncated"),
 ]
+
+
+def outer_ip_patch(offset, value, fix_csum=False):
+    raw = bytearray(bytes(vxlan(udp(BLUE_REMOTE_MAC, VM1_MAC, BLUE_REMOTE_IP, VM1_IP), BLUE_VNI, VTEP_BLUE)))
+    raw[14 + offset:14 + offset + len(value)] = value
+    if fix_csum:
+        raw[24:26] = b"\x00\x00"
+        total = sum(int.from_bytes(raw[14 + i:16 + i], "big") for i in range(0, 20, 2))
+        while total >> 16:
+            total = (total & 0xFFFF) + (total >> 16)
+        raw[24:26] = (~total & 0xFFFF).to_bytes(2, "big")
+    return bytes(raw)
 
 
 @pytest.mark.parametrize("desc,make,reason", VXL_DROPS, ids=[d[0] for d in VXL_DROPS])
@@ -295,7 +311,9 @@ def test_per_tenant_counters(dp):
     dp.process(vxlan(udp(RED_REMOTE_MAC, VM3_MAC, RED_REMOTE_IP, VM3_IP), RED_VNI, "192.0.2.77"), in_port="p0")
     t = dp.stats()["tenants"]
     assert (t["blue"]["rx_packets"], t["blue"]["tx_packets"], t["blue"]["drops"]) == (2, 1, {"spoofed": 1})
-    assert (t["red"]["rx_packets"], t["red"]["tx_packets"], t["red"]["drops"]) == (2, 1, {"unknown_vtep": 1})
+    # the forged one (VNI 200 from an unknown VTEP) is charged to no tenant
+    assert (t["red"]["rx_packets"], t["red"]["tx_packets"], t["red"]["drops"]) == (1, 1, {})
+    assert drops(dp, "p0") == {"unknown_vtep": 1}
     assert t["red"]["tx_bytes"] == len(bytes(udp(RED_REMOTE_MAC, VM3_MAC, RED_REMOTE_IP, VM3_IP)))
 
 

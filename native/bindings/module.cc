@@ -272,7 +272,12 @@ PYBIND11_MODULE(_core, m) {
              for (const PortInfo& p : dp.ports()) l.append(port_dict(p, dp));
              return l;
            })
-      .def("tenants", &Dataplane::tenants)
+      .def("tenants",
+           [](Dataplane& dp) {
+             py::list l;
+             for (const auto& t : dp.tenants()) l.append(py::make_tuple(t.name, t.metadata, t.slot));
+             return l;
+           })
       .def("dump_flows",
            [](Dataplane& dp, const std::string& sel, bool strict) {
              std::vector<FlowDump> v;

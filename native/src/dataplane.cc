@@ -238,7 +238,16 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
       if (!seen.insert(t.metadata).second)
         return Status::Error(Err::CONFLICT, "two tenants share metadata " + std::to_string(t.metadata));
     }
-    if (tenants.size() >= 0xffff) return Status::Error(Err::INVALID, "too many tenants (at most 65534)");
+    std::unordered_set<std::string> names;
+    for (const TenantSpec& t : tenants)
+      if (!names.insert(t.name).second) return Status::Error(Err::CONFLICT, "two tenants are named " + t.name);
+    size_t slots = tenant_slots_.size();
+    for (const TenantSpec& t : tenants) {
+      bool known = false;
+      for (const TenantSlot& ts : tenant_slots_) known |= ts.name == t.name;
+      slots += known ? 0 : 1;
+    }
+    if (slots >= 0xffff) return Status::Error(Err::INVALID, "too many tenants (at most 65534 names over the dataplane's life)");
   }
 
   // ---- commit ---------------------------------------------------------------------
@@ -351,10 +360,14 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
   }
   if (txn.set_tenants) {
     tenant_index_.clear();
-    tenant_list_.clear();
+    for (TenantSlot& ts : tenant_slots_) ts.active = false;
     for (const TenantSpec& t : tenants) {
-      tenant_list_.emplace_back(t.name, t.metadata);
-      tenant_index_[t.metadata] = static_cast<uint16_t>(tenant_list_.size());
+      size_t slot = 0;
+      while (slot < tenant_slots_.size() && tenant_slots_[slot].name != t.name) slot++;
+      if (slot == tenant_slots_.size()) tenant_slots_.push_back(TenantSlot{t.name, 0, false});
+      tenant_slots_[slot].metadata = t.metadata;
+      tenant_slots_[slot].active = true;
+      tenant_index_[t.metadata] = static_cast<uint16_t>(slot + 1);
     }
   }
   res->version = version_.fetch_add(1, std::memory_order_acq_rel) + 1;
@@ -423,7 +436,7 @@ Totals Dataplane::totals() {
   size_t n_tenants;
   {
     std::shared_lock<std::shared_mutex> rl(lock_);
-    n_tenants = tenant_list_.size();
+    n_tenants = tenant_slots_.size();
   }
   tot.tenants.resize(n_tenants + 1);
   for (const PortInfo& p : ps) tot.ports.push_back({p.ofport, PortCounters()});
@@ -480,9 +493,13 @@ std::vector<PortInfo> Dataplane::ports() {
   return v;
 }
 
-std::vector<std::pair<std::string, uint64_t>> Dataplane::tenants() {
+std::vector<Dataplane::TenantInfo> Dataplane::tenants() {
   std::shared_lock<std::shared_mutex> rl(lock_);
-  return tenant_list_;
+  std::vector<TenantInfo> v;
+  for (size_t i = 0; i < tenant_slots_.size(); i++)
+    if (tenant_slots_[i].active)
+      v.push_back({tenant_slots_[i].name, tenant_slots_[i].metadata, static_cast<uint16_t>(i + 1)});
+  return v;
 }
 
 uint32_t Dataplane::port_number(const std::string& name) {
@@ -528,7 +545,7 @@ void Dataplane::port_flags(std::vector<uint8_t>* is_tunnel, size_t* n_tenants) {
   std::shared_lock<std::shared_mutex> rl(lock_);
   is_tunnel->assign(std::max<uint32_t>(ports_.max_port(), 1), 0);
   for (const PortInfo* p : ports_.all()) (*is_tunnel)[p->ofport] = p->tunnel;
-  *n_tenants = tenant_list_.size();
+  *n_tenants = tenant_slots_.size();
 }
 
 // "Flow:" text: every field that exists for this kind of packet.

@@ -124,7 +124,12 @@ class Dataplane {
   Status trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceResult* out);
 
   std::vector<PortInfo> ports();
-  std::vector<std::pair<std::string, uint64_t>> tenants();
+  struct TenantInfo {
+    std::string name;
+    uint64_t metadata;
+    uint16_t slot;  // index of its counters; stays with the name across reloads
+  };
+  std::vector<TenantInfo> tenants();
   uint32_t port_number(const std::string& name);
   std::string port_name(uint32_t p);
 
@@ -156,8 +161,15 @@ class Dataplane {
   Classifier tables_[kNumTables];
   TableStats table_stats_[kNumTables];
   std::unordered_map<uint32_t, GroupPtr> groups_;
-  std::unordered_map<uint64_t, uint16_t> tenant_index_;
-  std::vector<std::pair<std::string, uint64_t>> tenant_list_;  // index - 1
+  // Tenants by counter slot (slot - 1): a name keeps its slot, and so its
+  // counters, across reloads that reorder or drop other tenants.
+  struct TenantSlot {
+    std::string name;
+    uint64_t metadata = 0;
+    bool active = false;
+  };
+  std::vector<TenantSlot> tenant_slots_;
+  std::unordered_map<uint64_t, uint16_t> tenant_index_;  // metadata -> slot, active tenants
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t next_seq_ = 1;
   std::atomic<int64_t> warp_ns_{0};

@@ -11,7 +11,8 @@
 //           never fragmented; for an IPv4 inner packet with DF an ICMP
 //           "fragmentation needed" (for IPv6: "packet too big") carrying the
 //           usable MTU goes back out of the port the packet came in on.
-// TNL_POP   Checks the UDP length, a non-zero UDP checksum, the I flag (and, in
+// TNL_POP   Checks the outer IPv4 header checksum, the IP and UDP lengths, a
+//           non-zero UDP checksum, the I flag (and, in
 //           strict mode, that reserved bits are zero), strips the outer headers
 //           and records VNI, outer source and destination in the packet
 //           metadata; the packet is then looked up again from the tunnel port.
@@ -78,6 +79,13 @@ uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) {
   const uint32_t udp_len = be16(load16(udp + 4));
   if (avail < 16 || udp_len < 16 || udp_len > avail) return DROP_VXLAN_TRUNCATED;
   if (udp_len - 16 < 14) return DROP_VXLAN_TRUNCATED;  // no room for the inner Ethernet header
+  if (a.ipv6) {
+    if (be16(load16(ip + 4)) < udp_len + (p->l4_ofs - p->l3_ofs - 40u)) return DROP_VXLAN_TRUNCATED;
+  } else {
+    const uint32_t ihl = (ip[0] & 15u) * 4;
+    if (be16(load16(ip + 2)) < ihl + udp_len) return DROP_VXLAN_TRUNCATED;
+    if (csum_fold(csum_partial(ip, ihl)) != 0xffff) return DROP_VXLAN_BAD_CHECKSUM;  // outer IPv4 header
+  }
   const uint16_t c = load16(udp + 6);
   if (c != 0) {
     uint64_t s = a.ipv6 ? pseudo_sum_v6(ip + 8, ip + 24, kIpUdp, udp_len)

@@ -103,6 +103,11 @@ class Ctx {
     for (const PortInfo* p : env_.ports->all()) {
       if (!p->tunnel || p->tnl.underlay != flow_.in_port) continue;
       const TunnelCfg& t = p->tnl;
+      // Terminated only when addressed to our VTEP MAC, untagged (as we send).
+      uw_field(FieldId::DL_DST);
+      if (std::memcmp(flow_.dl_dst, t.local_mac, 6) != 0) continue;
+      uw_field(FieldId::VLAN_TCI);
+      if (flow_.vlan_tci != 0) continue;
       uw_field(FieldId::DL_TYPE);
       if (flow_.dl_type != be16(t.ipv6 ? kEthIpv6 : kEthIp)) continue;
       if (t.ipv6) {
