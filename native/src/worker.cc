@@ -131,6 +131,10 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       pc.rx_malformed += (f & kParseMalformed) ? 1 : 0;
       pc.rx_unknown += (f & kParseUnknown) ? 1 : 0;
     }
+  }
+  // Hashed in a second loop: reading a key right after parse wrote it in
+  // smaller pieces would stall on store-to-load forwarding.
+  for (uint32_t i = 0; i < n; i++) {
     hashes[i] = hash_key(keys[i]);
     emc_.prefetch(hashes[i]);
   }
