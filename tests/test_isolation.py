@@ -1028,6 +1028,28 @@ def test_reload_moves_ports_between_tenants_without_leaking(data):
     check_twice(dp, mb, data.draw(hostile_batches(mb, 20, 60)))
 
 
+@settings(max_examples=40, **FUZZ)
+@given(st.data())
+def test_fast_tunnel_termination_matches_the_plain_path(data):
+    """STYLE.md #8: the worker pops VXLAN for our VTEPs right after parsing; the plain
+    path is a megaflow whose only action is TNL_POP. Both must agree with the model
+    and with each other, byte for byte and counter for counter."""
+    topo = data.draw(topologies())
+    m = Model(topo)
+    assume(m.local_ports)
+    batch = canaries(m) + data.draw(hostile_batches(m, 20, 80))
+    fast = Dataplane.from_topology(topo)
+    plain = Dataplane.from_topology(topo)
+    plain._core.set_fast_tunnel(False)
+    a = run_and_check(fast, m, batch)
+    b = run_and_check(plain, m, batch)
+    assert [(o.port, o.data, o.index) for o in a] == [(o.port, o.data, o.index) for o in b]
+    sa, sb = fast.stats(), plain.stats()
+    assert sa["ports"] == sb["ports"] and sa["tenants"] == sb["tenants"] and sa["tables"] == sb["tables"]
+    assert sb["pmd"]["tunnel_pops"] == 0
+    assert sa["pmd"]["recirculations"] == sb["pmd"]["recirculations"]
+
+
 # ---- one explicit case per attack (fixture table: description, port, packet, verdict) ----------------
 
 def _nested(inner_vni, inner_dst_mac, outer_vni=BLUE_VNI, outer_vtep=VTEP_BLUE):

@@ -355,6 +355,7 @@ PYBIND11_MODULE(_core, m) {
              pmd["tx_batches"] = p.tx_batches;
              pmd["tx_packets"] = p.tx_packets;
              pmd["cache_flushes"] = p.flushes;
+             pmd["tunnel_pops"] = p.tunnel_pops;
              pmd["megaflows"] = t.megaflows;
              static const char* stages[] = {"parse", "emc", "megaflow", "upcall", "execute", "tx"};
              py::dict cyc;
@@ -492,6 +493,11 @@ PYBIND11_MODULE(_core, m) {
            [](Dataplane& dp, uint32_t n) {
              std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_emc_insert_inv_prob(n);
+           })
+      .def("set_fast_tunnel",
+           [](Dataplane& dp, bool on) {
+             std::lock_guard<std::mutex> g(dp.worker(0).mu);
+             dp.worker(0).set_fast_tunnel(on);
            })
       .def("set_max_megaflows",
            [](Dataplane& dp, size_t n) {

@@ -480,6 +480,7 @@ Totals Dataplane::totals() {
     d.tx_batches += s.tx_batches;
     d.tx_packets += s.tx_packets;
     d.flushes += s.flushes;
+    d.tunnel_pops += s.tunnel_pops;
     for (int i = 0; i < STAGE_COUNT; i++) d.cycles[i] += s.cycles[i];
     tot.megaflows += w->megaflow_count();
   }
@@ -546,6 +547,21 @@ void Dataplane::port_flags(std::vector<uint8_t>* is_tunnel, size_t* n_tenants) {
   is_tunnel->assign(std::max<uint32_t>(ports_.max_port(), 1), 0);
   for (const PortInfo* p : ports_.all()) (*is_tunnel)[p->ofport] = p->tunnel;
   *n_tenants = tenant_slots_.size();
+}
+
+void Dataplane::tunnel_terms(std::vector<TunnelTerm>* out) {
+  std::shared_lock<std::shared_mutex> rl(lock_);
+  out->clear();
+  for (const PortInfo* p : ports_.all()) {  // port order: the slow path's order too
+    if (!p->tunnel) continue;
+    TunnelTerm t;
+    t.underlay = p->tnl.underlay;
+    t.port = p->ofport;
+    t.cfg = p->tnl;
+    t.pop.ipv6 = p->tnl.ipv6;
+    t.pop.strict = p->tnl.strict;
+    out->push_back(t);
+  }
 }
 
 // "Flow:" text: every field that exists for this kind of packet.

@@ -143,6 +143,7 @@ class Dataplane {
   void upcall(const Flow& key, XlateOut* out, std::vector<TraceEvent>* trace);
   void credit(const std::vector<XcacheEntry>& xc, uint64_t packets, uint64_t bytes);
   void port_flags(std::vector<uint8_t>* is_tunnel, size_t* n_tenants);
+  void tunnel_terms(std::vector<TunnelTerm>* out);
 
   // Time (injectable, as OVS's time/warp): monotonic ns plus a test offset.
   int64_t now_ns() const;

@@ -69,8 +69,9 @@ bool Worker::tnl_push(Packet* p, const Flow& key, const DpAction& act) {
   return true;
 }
 
-uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) {
-  const TnlHeader& a = *act.tnl;
+uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) { return tnl_pop(p, *act.tnl, act.port); }
+
+uint16_t Worker::tnl_pop(Packet* p, const TnlHeader& a, uint32_t tunnel_port) {
   if (p->l3_ofs == kNoOffset || p->l4_ofs == kNoOffset) return DROP_VXLAN_TRUNCATED;
   uint8_t* d = p->data();
   uint8_t* ip = d + p->l3_ofs;
@@ -84,7 +85,15 @@ uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) {
   } else {
     const uint32_t ihl = (ip[0] & 15u) * 4;
     if (be16(load16(ip + 2)) < ihl + udp_len) return DROP_VXLAN_TRUNCATED;
-    if (csum_fold(csum_partial(ip, ihl)) != 0xffff) return DROP_VXLAN_BAD_CHECKSUM;  // outer IPv4 header
+    uint64_t sum;
+    if (ihl == 20) {  // the usual header: five 32-bit words
+      uint32_t w[5];
+      std::memcpy(w, ip, 20);
+      sum = static_cast<uint64_t>(w[0]) + w[1] + w[2] + w[3] + w[4];
+    } else {
+      sum = csum_partial(ip, ihl);
+    }
+    if (csum_fold(sum) != 0xffff) return DROP_VXLAN_BAD_CHECKSUM;  // outer IPv4 header
   }
   const uint16_t c = load16(udp + 6);
   if (c != 0) {
@@ -107,7 +116,7 @@ uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) {
     std::memcpy(&md.tun_dst, ip + 16, 4);
     md.tun_flags = kTunPresent;
   }
-  md.in_port = act.port;
+  md.in_port = tunnel_port;
   const uint32_t strip = p->l4_ofs + 16u;
   p->data_off = static_cast<uint16_t>(p->data_off + strip);
   p->len = static_cast<uint16_t>(udp_len - 16);
@@ -190,6 +199,28 @@ void Worker::send_too_big(Packet* p, const Flow& key, const TnlHeader& a) {
     r->len = static_cast<uint16_t>(off + 2 + 40 + plen);
   }
   emit(in, r, false);
+}
+
+}  // namespace dpu
+
+namespace dpu {
+
+// The same test as the slow path's native-tunnel check (xlate.cc,
+// try_tunnel_pop), on the parsed key: our VTEP MAC, untagged, our address,
+// UDP to the VXLAN port, not a fragment. First matching tunnel wins.
+const TunnelTerm* Worker::tunnel_term(const Flow& k) const {
+  if (k.recirc_id != 0 || k.in_port >= is_underlay_.size() || !is_underlay_[k.in_port]) return nullptr;
+  for (const TunnelTerm& t : tnl_terms_) {
+    if (t.underlay != k.in_port) continue;
+    if (std::memcmp(k.dl_dst, t.cfg.local_mac, 6) != 0 || k.vlan_tci != 0) continue;
+    if (k.dl_type != be16(t.cfg.ipv6 ? kEthIpv6 : kEthIp)) continue;
+    if (t.cfg.ipv6 ? std::memcmp(k.ipv6_dst, t.cfg.local_ip, 16) != 0 : std::memcmp(&k.nw_dst, t.cfg.local_ip, 4) != 0)
+      continue;
+    if (k.nw_proto != kIpUdp || k.nw_frag != 0) continue;
+    if (k.tp_dst != be16(t.cfg.dst_port)) continue;
+    return &t;
+  }
+  return nullptr;
 }
 
 }  // namespace dpu

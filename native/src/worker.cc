@@ -38,6 +38,10 @@ void Worker::sync_version() {
   if (ports.size() < is_tunnel_.size()) ports.resize(is_tunnel_.size());
   if (tx_.size() < is_tunnel_.size()) tx_.resize(is_tunnel_.size());
   if (tenants.size() < n_tenants + 1) tenants.resize(n_tenants + 1);
+  dp_->tunnel_terms(&tnl_terms_);
+  is_underlay_.assign(is_tunnel_.size(), 0);
+  for (const TunnelTerm& t : tnl_terms_)
+    if (t.underlay < is_underlay_.size()) is_underlay_[t.underlay] = 1;
 }
 
 void Worker::flush_caches() {
@@ -122,16 +126,39 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   uint32_t n_miss = 0;
   uint64_t t0 = profile_ ? cycles_now() : 0, t1;
 
+  // Parse. VXLAN for one of our VTEPs is popped here and its inner frame
+  // parsed in its place (a pass that would only have executed TNL_POP); a pop
+  // that fails drops the packet, which leaves this sub-batch.
+  Packet* live[kChunk];
+  uint32_t m = 0;
+  const bool terms = fast_tunnel_ && !tnl_terms_.empty();
   for (uint32_t i = 0; i < n; i++) {
+    Packet* p = pkts[i];
     if (i + 2 < n) __builtin_prefetch(pkts[i + 2]->data());
-    uint8_t f = parse_packet(pkts[i], &keys[i]);
+    uint8_t f = parse_packet(p, &keys[m]);
     if (__builtin_expect(first && f, 0)) {
-      PortCounters& pc = ports[in_port_[pkts[i]->origin]];
+      PortCounters& pc = ports[in_port_[p->origin]];
       pc.rx_truncated += (f & kParseTruncated) ? 1 : 0;
       pc.rx_malformed += (f & kParseMalformed) ? 1 : 0;
       pc.rx_unknown += (f & kParseUnknown) ? 1 : 0;
     }
+    if (__builtin_expect(terms, 0)) {
+      if (const TunnelTerm* t = tunnel_term(keys[m])) {
+        pmd.passes++;  // the outer lookup this replaces
+        uint16_t r = tnl_pop(p, t->pop, t->port);
+        if (r != DROP_NONE) {
+          drop(p, r);
+          continue;
+        }
+        pmd.recirculations++;
+        pmd.tunnel_pops++;
+        parse_packet(p, &keys[m]);
+      }
+    }
+    live[m++] = p;
   }
+  pkts = live;
+  n = m;
   // Hashed in a second loop: reading a key right after parse wrote it in
   // smaller pieces would stall on store-to-load forwarding.
   for (uint32_t i = 0; i < n; i++) {
@@ -279,8 +306,8 @@ Packet* Worker::copy(Packet* p) { return pool_.clone(p); }
 void Worker::flush_tx(bool sort) {
   for (uint32_t port : tx_ports_) {
     std::vector<Packet*>& q = tx_[port];
-    if (sort)
-      std::stable_sort(q.begin(), q.end(), [](const Packet* a, const Packet* b) { return a->origin < b->origin; });
+    auto by_origin = [](const Packet* a, const Packet* b) { return a->origin < b->origin; };
+    if (sort && !std::is_sorted(q.begin(), q.end(), by_origin)) std::stable_sort(q.begin(), q.end(), by_origin);
     if (sink_) sink_->send(port, q.data(), static_cast<uint32_t>(q.size()));
     pmd.tx_batches++;
     pmd.tx_packets += q.size();

@@ -26,12 +26,21 @@
 #include <vector>
 
 #include "dpcls.h"
+#include "ports.h"
 #include "dpu/batch.h"
 #include "dpu/drops.h"
 
 namespace dpu {
 
 class Dataplane;
+
+// A VTEP the worker terminates before any lookup (see Worker::tunnel_term).
+struct TunnelTerm {
+  uint32_t underlay = 0;  // ofport the VXLAN arrives on
+  uint32_t port = 0;      // the tunnel port: in_port after the pop
+  TunnelCfg cfg;
+  TnlHeader pop;          // what TNL_POP checks (strict, address family)
+};
 
 // Where a port's transmitted packets go (pcap writer, capture list, counter).
 class PortSink {
@@ -63,6 +72,7 @@ struct PmdCounters {
   uint64_t upcalls = 0, upcall_no_install = 0;
   uint64_t batches = 0, tx_batches = 0, tx_packets = 0;
   uint64_t flushes = 0;          // cache flushes after table changes
+  uint64_t tunnel_pops = 0;      // VXLAN terminated before the lookup (fast_tunnel)
   uint64_t cycles[STAGE_COUNT] = {};
 };
 
@@ -83,6 +93,9 @@ class Worker {
   void set_profile(bool on) { profile_ = on; }
   void set_emc_insert_inv_prob(uint32_t n) { emc_inv_prob_ = n ? n : 1; }
   void set_max_megaflows(size_t n) { max_megaflows_ = n; }
+  // Terminate VXLAN right after parsing instead of through a megaflow whose
+  // only action is TNL_POP (the outcome is the same; tests compare both).
+  void set_fast_tunnel(bool on) { fast_tunnel_ = on; }
 
   // Control side (caller holds mu).
   void push_stats();               // credit megaflow deltas to rules/tables/groups
@@ -114,6 +127,7 @@ class Worker {
  public:
   // Validates and strips VXLAN; DROP_NONE on success (also used by trace).
   static uint16_t tnl_pop(Packet* p, const DpAction& a);
+  static uint16_t tnl_pop(Packet* p, const TnlHeader& a, uint32_t tunnel_port);
 
  private:
   void send_too_big(Packet* p, const Flow& key, const TnlHeader& a);
@@ -135,6 +149,10 @@ class Worker {
   std::vector<uint32_t> tx_ports_;        // ports with queued packets
   std::vector<uint8_t> is_tunnel_;        // by ofport
   std::vector<Packet*> cur_, next_;       // packets of the current / next pass
+  std::vector<TunnelTerm> tnl_terms_;     // from the port table, at each version
+  std::vector<uint8_t> is_underlay_;      // by ofport
+  bool fast_tunnel_ = true;
+  const TunnelTerm* tunnel_term(const Flow& k) const;
   uint16_t out_count_[kBatchMax];
   uint16_t reason_[kBatchMax];
   uint16_t tenant_[kBatchMax];
