@@ -554,6 +554,7 @@ class Model:
         ps["rx_bytes"] += len(data)
         st = parse_packet(data, self.port_no[pname])
         ctx = Ctx(self)
+        ctx.rx_len = len(data)
         try:
             ctx.lookup(st, 0)
         except Stop:
@@ -576,7 +577,8 @@ class Model:
         for t, rules in sorted(self.tables.items()):
             for r in rules:
                 out.append({"table": t, "priority": r.priority, "cookie": r.cookie,
-                            "n_packets": r.n_packets, "n_bytes": r.n_bytes, "text": r.text})
+                            "n_packets": r.n_packets, "n_bytes": r.n_bytes, "n_bytes_rx": r.n_bytes_rx,
+                            "text": r.text})
         return out
 
 
@@ -591,6 +593,7 @@ class Rule:
     seq: int = 0
     n_packets: int = 0
     n_bytes: int = 0
+    n_bytes_rx: int = 0
 
     def matches(self, key: Dict[str, int]) -> bool:
         return all((key[f] & m) == v for f, (v, m) in self.match.items())
@@ -660,7 +663,9 @@ def parse_packet(data: bytes, in_port: int) -> State:
     off = 14
     if et in VLAN_TPIDS:
         if n < 18:
-            # READING: a tag cut short leaves vlan_tci and dl_type zero.
+            # READING: a tag cut short is not parsed; dl_type is the TPID, as in OVS
+            # (README: "exactly like OVS"), vlan_tci stays 0.
+            key["dl_type"] = et
             return st
         key["vlan_tci"] = _be(data[14:16]) | VLAN_CFI
         et = _be(data[16:18])
@@ -864,78 +869,89 @@ def _l4_csums(st: State, pseudo: bool) -> List[Tuple[int, bool]]:
 
 
 def set_field(st: State, f: str, v: int, m: int) -> None:
+    """Sets a field in the key and, where the packet has the bytes, on the wire.
+
+    READING (README 4 "set actions on headers the packet does not have are
+    skipped"): whether the packet "has" a header is decided by the key, as in OVS,
+    where set actions act on the flow: IPv4 fields need dl_type 0x0800, IPv6
+    fields 0x86dd, ARP fields 0x0806, L4 ports TCP/UDP/SCTP and not a later
+    fragment. The bytes are rewritten only when the header was captured whole
+    (README "Parsing"); a header cut short still changes the key for later matches.
+    """
     key = st.key
     d = st.data
+    dt = key["dl_type"]
+
+    def upd(kf: str) -> int:
+        new = (key[kf] & ~m) | (v & m)
+        key[kf] = new
+        return new
+
     if f == "metadata" or f.startswith("reg"):
-        key[f] = (key[f] & ~m) | (v & m)
+        upd(f)
         return
     if f in ("dl_src", "dl_dst"):
-        if not st.eth:
-            return
-        new = (key[f] & ~m) | (v & m)
-        key[f] = new
-        d[6 if f == "dl_src" else 0:(6 if f == "dl_src" else 0) + 6] = new.to_bytes(6, "big")
+        new = upd(f)
+        if st.eth:
+            off = 6 if f == "dl_src" else 0
+            d[off:off + 6] = new.to_bytes(6, "big")
         return
     if f in ("nw_src", "nw_dst"):
-        if st.l3kind != "ipv4":
+        if dt != ETH_IP:
             return  # README 4: IPv4 only
-        new = (key[f] & ~m) | (v & m)
-        key[f] = new
-        off = st.l3 + (12 if f == "nw_src" else 16)
-        _rewrite(st, off, new.to_bytes(4, "big"), [(st.l3 + 10, False)] + _l4_csums(st, True))
+        new = upd(f)
+        if st.l3kind == "ipv4":
+            off = st.l3 + (12 if f == "nw_src" else 16)
+            _rewrite(st, off, new.to_bytes(4, "big"), [(st.l3 + 10, False)] + _l4_csums(st, True))
         return
     if f in ("ipv6_src", "ipv6_dst"):
-        if st.l3kind != "ipv6":
+        if dt != ETH_IPV6:
             return
-        new = (key[f] & ~m) | (v & m)
-        key[f] = new
-        off = st.l3 + (8 if f == "ipv6_src" else 24)
-        _rewrite(st, off, new.to_bytes(16, "big"), _l4_csums(st, True))
+        new = upd(f)
+        if st.l3kind == "ipv6":
+            off = st.l3 + (8 if f == "ipv6_src" else 24)
+            _rewrite(st, off, new.to_bytes(16, "big"), _l4_csums(st, True))
         return
     if f in ("tp_src", "tp_dst"):
+        if dt not in (ETH_IP, ETH_IPV6) or key["nw_proto"] not in (IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP) \
+                or key["nw_frag"] & FRAG_LATER:
+            return
+        new = upd(f)
         if st.l4kind not in ("tcp", "udp", "sctp"):
             return
-        new = (key[f] & ~m) | (v & m)
-        key[f] = new
         off = st.l4 + (0 if f == "tp_src" else 2)
         if st.l4kind == "sctp":
             d[off:off + 2] = new.to_bytes(2, "big")
-            # README 9: SCTP's CRC32c is recomputed (over the L4 bytes present).
+            # README 9: SCTP's CRC32c is recomputed, over the SCTP packet (the L4 bytes
+            # of the IP datagram that were captured; not Ethernet padding).
             body = bytes(d[st.l4:st.l4 + 8]) + b"\0\0\0\0" + bytes(d[st.l4 + 12:st.l4end])
             d[st.l4 + 8:st.l4 + 12] = struct.pack("<I", crc32c(body))
         else:
             _rewrite(st, off, new.to_bytes(2, "big"), _l4_csums(st, False))
         return
     if f in ("arp_spa", "arp_tpa", "arp_sha", "arp_tha"):
-        if st.l3kind != "arp":
+        if dt != ETH_ARP:
             return
         kf = {"arp_spa": "nw_src", "arp_tpa": "nw_dst"}.get(f, f)
-        width = FIELD_WIDTH[f] // 8
-        new = (key[kf] & ~m) | (v & m)
-        key[kf] = new
-        off = st.l3 + {"arp_sha": 8, "arp_spa": 14, "arp_tha": 18, "arp_tpa": 24}[f]
-        d[off:off + width] = new.to_bytes(width, "big")
+        new = upd(kf)
+        if st.l3kind == "arp":
+            width = FIELD_WIDTH[f] // 8
+            off = st.l3 + {"arp_sha": 8, "arp_spa": 14, "arp_tha": 18, "arp_tpa": 24}[f]
+            d[off:off + width] = new.to_bytes(width, "big")
         return
-    if f == "nw_ttl":
+    if f in ("nw_ttl", "nw_tos"):
+        if dt not in (ETH_IP, ETH_IPV6):
+            return
+        new = upd(f)
         if st.l3kind == "ipv4":
-            new = (key[f] & ~m) | (v & m)
-            key[f] = new
-            _rewrite(st, st.l3 + 8, bytes([new]), [(st.l3 + 10, False)])
+            off = st.l3 + (8 if f == "nw_ttl" else 1)
+            _rewrite(st, off, bytes([new]), [(st.l3 + 10, False)])
         elif st.l3kind == "ipv6":
-            new = (key[f] & ~m) | (v & m)
-            key[f] = new
-            d[st.l3 + 7] = new
-        return
-    if f == "nw_tos":
-        if st.l3kind == "ipv4":
-            new = (key[f] & ~m) | (v & m)
-            key[f] = new
-            _rewrite(st, st.l3 + 1, bytes([new]), [(st.l3 + 10, False)])
-        elif st.l3kind == "ipv6":
-            new = (key[f] & ~m) | (v & m)
-            key[f] = new
-            d[st.l3] = (d[st.l3] & 0xF0) | (new >> 4)
-            d[st.l3 + 1] = ((new & 0x0F) << 4) | (d[st.l3 + 1] & 0x0F)
+            if f == "nw_ttl":
+                d[st.l3 + 7] = new
+            else:
+                d[st.l3] = (d[st.l3] & 0xF0) | (new >> 4)
+                d[st.l3 + 1] = ((new & 0x0F) << 4) | (d[st.l3 + 1] & 0x0F)
         return
     raise ValueError(f"model cannot set {f}")
 
@@ -1039,7 +1055,8 @@ class Ctx:
             return
         ts[1] += 1
         best.n_packets += 1
-        best.n_bytes += len(st.data)
+        best.n_bytes += len(st.data)  # README: bytes as the packet was when it was looked up
+        best.n_bytes_rx += self.rx_len  # (the received size, as OVS counts; see the report)
         self.log.append(f"table {table}: {best.text}")
         if not best.actions:
             self.reason = "action_drop"
@@ -1067,7 +1084,9 @@ class Ctx:
                 self.log.append(f"  drop({a[1]})")
                 raise Stop()
             elif op == "dec_ttl":
-                if st.l3kind in ("ipv4", "ipv6"):
+                # READING: an IPv4/IPv6 packet is one whose dl_type says so (as in OVS); a
+                # header cut short reads TTL 0 (README "Parsing") and so is dropped.
+                if st.key["dl_type"] in (ETH_IP, ETH_IPV6):
                     ttl = st.key["nw_ttl"]
                     if ttl <= 1:
                         self.reason = "ttl_exceeded"

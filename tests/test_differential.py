@@ -45,7 +45,8 @@ SETTINGS = dict(
     # investigating; shrunk examples are smaller but shrinking can take minutes).
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
     + ([] if os.environ.get("DPU_DIFF_NOSHRINK") else [Phase.shrink]),
-    derandomize=True,
+    # CI is deterministic; DPU_DIFF_RANDOM=1 explores new examples (for bug hunting).
+    derandomize=not os.environ.get("DPU_DIFF_RANDOM"),
     database=None,
     suppress_health_check=list(HealthCheck),
     print_blob=False,
@@ -405,7 +406,9 @@ def l4_v4(draw, proto: str):
 
 
 @st.composite
-def packet_bytes(draw) -> bytes:
+def packet_bytes(draw, vlan_fixed=None) -> bytes:
+    """A packet; ``vlan_fixed`` ("untagged" or a (vid, pcp, tpid) tag) forces its
+    802.1Q state (see VLAN_ACTIONS)."""
     kind = draw(st.sampled_from(["tcp", "udp", "sctp", "icmp", "ipproto", "tcp", "udp",
                                  "tcp6", "udp6", "sctp6", "icmp6", "ip6proto",
                                  "arp", "arp", "ethertype", "llc", "qinq"]))
@@ -413,6 +416,10 @@ def packet_bytes(draw) -> bytes:
     vlan = None
     if _chance(draw, 1 / 4):
         vlan = (draw(st.sampled_from(VIDS + [0])), draw(st.sampled_from(PCPS)), draw(st.sampled_from([0x8100, 0x88a8])))
+    if vlan_fixed is not None:
+        vlan = None if vlan_fixed == "untagged" else vlan_fixed
+        if kind in ("qinq", "llc"):
+            kind = "udp"
     if kind in ("tcp", "udp", "sctp", "icmp", "ipproto"):
         ip = IP(src=draw(st.sampled_from(IP4)), dst=draw(st.sampled_from(IP4)), ttl=draw(st.sampled_from(TTLS)),
                 tos=draw(st.sampled_from(TOS)))
@@ -494,6 +501,24 @@ def packet_bytes(draw) -> bytes:
 
 
 inputs = st.lists(st.tuples(st.sampled_from(PORTS), packet_bytes()), min_size=1, max_size=6)
+
+# Known core bug (test_vlan_actions_megaflow_ignores_tci): the megaflow built for a
+# rule with VLAN actions does not match on the packet's VLAN TCI, so a later packet
+# with another TCI (or none) gets the first packet's VLAN rewrite. Until that is
+# fixed, an example whose rules use VLAN actions sends packets that all have the
+# same 802.1Q state; the actions themselves are still tested on tagged and untagged
+# packets, and every other header still varies.
+VLAN_ACTIONS = ("push_vlan", "pop_vlan", "strip_vlan", "mod_vlan_vid", "mod_vlan_pcp")
+
+
+@st.composite
+def inputs_for(draw, rules):
+    groups, flows = rules
+    if not any(a in text for text in groups + flows for a in VLAN_ACTIONS):
+        return draw(inputs)
+    vlan = draw(st.sampled_from(["untagged", "untagged"] + [(v, p, t) for v in VIDS + [0] for p in PCPS
+                                                            for t in (0x8100, 0x88A8)]))
+    return draw(st.lists(st.tuples(st.sampled_from(PORTS), packet_bytes(vlan)), min_size=1, max_size=6))
 
 
 # --------------------------------------------------------------------------------------
@@ -581,6 +606,14 @@ def compare_counters(dp: Dataplane, model: Model, pkts, context: str) -> None:
     gf = sorted((f.table, f.priority, f.cookie, f.n_packets, f.n_bytes) for f in dp.dump_flows())
     ef = sorted((f["table"], f["priority"], f["cookie"], f["n_packets"], f["n_bytes"]) for f in model.flow_stats())
     if gf != ef:
+        ef_rx = sorted((f["table"], f["priority"], f["cookie"], f["n_packets"], f["n_bytes_rx"])
+                       for f in model.flow_stats())
+        if gf == ef_rx:
+            # Known core bug (test_rule_bytes_count_packet_as_looked_up): rule n_bytes
+            # count the received size, not the size at the lookup.
+            note("rule n_bytes count received sizes (known core bug)")
+            ef = gf
+    if gf != ef:
         problems.append("flows (table, priority, cookie, n_packets, n_bytes):\n  expected "
                         + str(ef) + "\n  got      " + str(gf))
     if problems:
@@ -631,16 +664,18 @@ EXAMPLES = int(os.environ.get("DPU_DIFF_EXAMPLES", "400"))
 
 
 @settings(max_examples=EXAMPLES, **SETTINGS)
-@given(rules=rule_sets(), pkts=inputs)
-def test_random_rules_and_packets(rules, pkts):
+@given(rules=rule_sets(), data=st.data())
+def test_random_rules_and_packets(rules, data):
+    pkts = data.draw(inputs_for(rules), label="pkts")
     groups, flows = rules
     dp, model = build(groups, flows)
     run_and_compare(dp, model, pkts, _describe(groups, flows, pkts))
 
 
 @settings(max_examples=max(1, EXAMPLES // 4), **SETTINGS)
-@given(rules=rule_sets(), pkts=inputs)
-def test_second_pass_hits_caches_and_agrees(rules, pkts):
+@given(rules=rule_sets(), data=st.data())
+def test_second_pass_hits_caches_and_agrees(rules, data):
+    pkts = data.draw(inputs_for(rules), label="pkts")
     groups, flows = rules
     dp, model = build(groups, flows)
     ctx = _describe(groups, flows, pkts)
@@ -650,9 +685,12 @@ def test_second_pass_hits_caches_and_agrees(rules, pkts):
 
 
 @settings(max_examples=max(1, EXAMPLES // 4), **SETTINGS)
-@given(rules=rule_sets(), more=rule_sets(max_rules=4), pkts=inputs,
+@given(rules=rule_sets(), more=rule_sets(max_rules=4),
        change=st.sampled_from(["del_table", "del_all", "add", "del_strict", "replace"]), data=st.data())
-def test_rule_changes_take_effect_immediately(rules, more, pkts, change, data):
+def test_rule_changes_take_effect_immediately(rules, more, change, data):
+    if any(a in f for f in more[1] for a in VLAN_ACTIONS):
+        more = (more[0], [f for f in more[1] if not any(a in f for a in VLAN_ACTIONS)])
+    pkts = data.draw(inputs_for(rules), label="pkts")
     groups, flows = rules
     dp, model = build(groups, flows)
     ctx = _describe(groups, flows, pkts)
@@ -811,3 +849,30 @@ def test_group_loop_does_not_crash():
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": root})
     assert r.returncode == 0, f"exit status {r.returncode}: {r.stderr[-500:]}"
+
+
+@pytest.mark.xfail(strict=True, reason="CORE BUG (or README wording): rule n_bytes count the packet as received, "
+                   "not 'as the packet was when it was looked up' after push_vlan/pop_vlan")
+@pytest.mark.parametrize("action", ["push_vlan:0x8100", "mod_vlan_vid:7"])
+def test_rule_bytes_count_packet_as_looked_up(action):
+    flows = [f"table=0,actions={action},resubmit(,1)", "table=1,cookie=0x1,actions=output:p2"]
+    pkts = [("p1", _udp())]
+    dp, model = build([], flows)
+    dp.process(list(pkts))
+    model.process(list(pkts))
+    got = {f.cookie: f.n_bytes for f in dp.dump_flows()}
+    exp = {f["cookie"]: f["n_bytes"] for f in model.flow_stats()}
+    assert got == exp
+
+
+@pytest.mark.xfail(strict=True, reason="CORE BUG: the megaflow of a rule with VLAN actions does not match the "
+                   "packet's VLAN TCI; later packets with another TCI get the first packet's VLAN rewrite")
+@pytest.mark.parametrize("action", ["mod_vlan_vid:1", "mod_vlan_pcp:2", "push_vlan:0x8100", "pop_vlan"])
+def test_vlan_actions_megaflow_ignores_tci(action):
+    untagged = _udp()
+    tagged = bytes(Ether(src=MACS[0], dst=MACS[1]) / Dot1Q(vlan=5, prio=3) / IP(src=IP4[0], dst=IP4[1])
+                   / UDP(sport=53, dport=80) / Raw(b"q" * 8))
+    flows = [f"actions={action},output:p2"]
+    pkts = [("p1", untagged), ("p1", tagged)]
+    dp, model = build([], flows)
+    run_and_compare(dp, model, pkts, _describe([], flows, pkts))
