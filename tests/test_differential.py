@@ -479,7 +479,7 @@ def packet_bytes(draw, vlan_fixed=None) -> bytes:
         l3 = ARP(op=draw(st.sampled_from([1, 2, 3])), psrc=draw(st.sampled_from(IP4)), pdst=draw(st.sampled_from(IP4)),
                  hwsrc=_mac(draw), hwdst=draw(st.sampled_from(MACS + ["00:00:00:00:00:00"])))
     elif kind == "ethertype":
-        eth.type = draw(st.sampled_from([0x88B5, 0x9000, 0x88CC]))
+        etype = draw(st.sampled_from([0x88B5, 0x9000, 0x88CC]))
         l3 = Raw(b"z" * draw(st.sampled_from([0, 10, 46])))
     elif kind == "qinq":
         l3 = Dot1Q(vlan=draw(st.sampled_from(VIDS))) / IP(src=IP4[0], dst=IP4[1]) / UDP(sport=53, dport=80)
@@ -488,15 +488,20 @@ def packet_bytes(draw, vlan_fixed=None) -> bytes:
         pkt = Dot3(src=_mac(draw), dst=_mac(draw)) / LLC() / Raw(b"w" * draw(st.sampled_from([3, 40])))
     elif vlan is not None:
         tag = (Dot1Q if vlan[2] == 0x8100 else Dot1AD)(vlan=vlan[0], prio=vlan[1])
+        if kind == "ethertype":
+            tag.type = etype
         pkt = eth / tag / l3
     else:
+        if kind == "ethertype":
+            eth.type = etype
         pkt = eth / l3
     data = bytes(pkt)
     if _chance(draw, 1 / 8) and "sctp" not in kind:
         # (no padding after SCTP: known core bug, see test_sctp_crc_ignores_ethernet_padding)
         data += b"\0" * draw(st.sampled_from([2, 6]))  # Ethernet padding after the IP datagram
     if _chance(draw, 1 / 6):
-        data = data[: draw(st.integers(0, len(data)))]  # truncated capture
+        # truncated capture (keeping a forced 802.1Q state whole)
+        data = data[: draw(st.integers(0 if vlan_fixed is None else 18, len(data)))]
     return data
 
 
@@ -647,6 +652,8 @@ def run_and_compare(dp, model, pkts, context, strict_order=False):
     exp = model.process(list(pkts))
     compare_outputs(got, exp, model, pkts, context, strict_order)
     if any(r.limit_in_bucket for r in model.last_results):
+        model.counters_tainted = True
+    if getattr(model, "counters_tainted", False):
         # Known core bug (test_resubmit_limit_inside_group_bucket): after the resubmit
         # limit is hit inside a group bucket the core goes on processing the packet, so
         # counters and the drop reason differ. Outputs (none) were compared above.
@@ -712,8 +719,10 @@ def test_rule_changes_take_effect_immediately(rules, more, change, data):
         extra = [f.replace("cookie=0x", "cookie=0x10") for f in more[1] if "group:" not in f]
         if change == "replace":
             # the same match and priority as existing flows, new actions and cookies
-            extra = [v.split(",actions=")[0].replace("cookie=0x", "cookie=0x20") + ",actions=" + e.split(",actions=")[1]
-                     for v, e in zip(flows, extra)]
+            extra = [v.split(",actions=")[0].replace("cookie=0x", "cookie=0x20") + ",actions="
+                     + data.draw(st.sampled_from(["output:p2", "mod_dl_dst:02:00:00:00:00:09,output:p3", "drop",
+                                                  "drop(policy)", "in_port"]))
+                     for v in data.draw(st.lists(st.sampled_from(flows), min_size=1, max_size=3, unique=True))]
         what = f"add_flows({extra})"
         dp.add_flows(extra)
         model.add_flows(extra)
