@@ -722,18 +722,22 @@ def _parse_ipv6(st: State, off: int) -> None:
     nh = d[off + 6]
     p = off + 40
     frag = 0
+    # READING: an extension header cut short leaves its own fields (and all after it)
+    # zero, so nw_proto is the last next-header value read -- the type of the cut
+    # header -- just as an IPv4 packet with a cut TCP header keeps nw_proto 6 with
+    # ports 0. (OVS would report nw_proto 0: it drops all L3 fields then.)
     while True:
         if nh in IPV6_EXT_GENERIC or nh == IPV6_AH:
             if p + 2 > end:
-                return  # READING: an extension header cut short leaves nw_proto etc. zero
+                break
             hlen = (d[p + 1] + 1) * 8 if nh != IPV6_AH else (d[p + 1] + 2) * 4
             if p + hlen > end:
-                return
+                break
             nh = d[p]
             p += hlen
         elif nh == IPV6_FRAGMENT:
             if p + 8 > end:
-                return
+                break
             frag = FRAG_ANY
             if _be(d[p + 2:p + 4]) & 0xFFF8:
                 frag |= FRAG_LATER
@@ -742,12 +746,12 @@ def _parse_ipv6(st: State, off: int) -> None:
             if frag & FRAG_LATER:
                 break
         else:
-            break
+            key["nw_proto"] = nh
+            key["nw_frag"] = frag
+            _parse_l4(st, nh, p, end, ipv6=True)
+            return
     key["nw_proto"] = nh
     key["nw_frag"] = frag
-    if frag & FRAG_LATER:
-        return
-    _parse_l4(st, nh, p, end, ipv6=True)
 
 
 def _parse_l4(st: State, proto: int, l4: int, end: int, ipv6: bool) -> None:
