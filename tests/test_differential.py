@@ -308,7 +308,7 @@ def action_list(draw, cls: str, table: int, groups: List[int], in_bucket: bool =
                         if draw(st.integers(0, 5)) else draw(st.sampled_from(["in_port", "flood", "all"])))
         elif k <= 7:
             later = [x for x in TABLES if x > table]
-            t = draw(st.sampled_from(later)) if later and not _chance(draw, 0.25) else draw(st.sampled_from(TABLES))
+            t = draw(st.sampled_from(later)) if later and not _chance(draw, 0.12) else draw(st.sampled_from(TABLES))
             acts.append(draw(st.sampled_from([f"resubmit(,{t})", f"resubmit({draw(st.sampled_from(PORTS))},{t})",
                                               f"resubmit({draw(st.sampled_from(PORTS))},{t})",
                                               f"resubmit:{draw(st.sampled_from(PORTS))}"])))
@@ -320,6 +320,10 @@ def action_list(draw, cls: str, table: int, groups: List[int], in_bucket: bool =
                                                   "set_field", "load", "move", "write_metadata", "push_vlan",
                                                   "pop_vlan", "strip_vlan", "dec_ttl", "note"))
             or a in PORTS or a.isdigit()]
+    if _chance(draw, 0.5):
+        # rewrites first, so that more of them are seen in the packets sent
+        acts.sort(key=lambda a: not a.startswith(("mod_", "set_field", "load", "move", "dec_ttl", "push_vlan",
+                                                  "pop_vlan", "strip_vlan")))
     if in_bucket:
         # resubmit:port needs the current table; keep buckets to explicit tables
         acts = [a for a in acts if not a.startswith("resubmit:")]
