@@ -691,7 +691,7 @@ def run_and_compare(dp, model, pkts, context, strict_order=False):
 # Tests
 
 
-EXAMPLES = int(os.environ.get("DPU_DIFF_EXAMPLES", "500"))
+EXAMPLES = int(os.environ.get("DPU_DIFF_EXAMPLES", "600"))
 
 
 @settings(max_examples=EXAMPLES, **SETTINGS)
@@ -805,6 +805,20 @@ def test_resubmit_total_limit():
               "table=3,actions=note:00"]
     dp, model = build([], flows2)
     run_and_compare(dp, model, pkts, _describe([], flows2, pkts))
+
+
+def test_goto_table_is_not_a_resubmit():
+    """README 2 counts resubmits: goto_table adds neither depth nor to the 4096 total."""
+    deep = [f"table={t},actions=resubmit(,{t + 1})" for t in range(64)]
+    deep += ["table=64,actions=goto_table:65", "table=65,actions=output:p3"]
+    wide = ["table=0,actions=" + ",".join(["resubmit(,1)"] * 15),
+            "table=1,actions=" + ",".join(["resubmit(,2)"] * 16),
+            "table=2,actions=" + ",".join(["resubmit(,3)"] * 15),  # 3855 resubmits, 3600 gotos
+            "table=3,actions=goto_table:4", "table=4,priority=9,actions=output:p2"]
+    pkts = [("p1", _udp())]
+    for flows in (deep, wide):
+        dp, model = build([], flows)
+        run_and_compare(dp, model, pkts, _describe([], flows, pkts))
 
 
 @pytest.mark.parametrize("ttl", [0, 1, 2])
