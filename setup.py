@@ -12,7 +12,7 @@ from setuptools import Extension, setup
 
 ParallelCompile("DPU_BUILD_JOBS", default=os.cpu_count() or 2).install()
 
-CXXFLAGS = ["-O3", "-g", "-std=c++17", "-fno-plt", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+CXXFLAGS = ["-O3", "-g", "-std=c++17", "-fno-strict-aliasing", "-fno-plt", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 def _host_isa():
     """x86-64-v3 (AVX2, BMI2, SSE4.2) when this machine has it: a source build
     runs where it is built. DPU_NATIVE_ARCH=1 asks for -march=native instead,

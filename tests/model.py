@@ -690,7 +690,8 @@ def _parse_ipv4(st: State, off: int) -> None:
     if n - off < 20:
         return
     ihl = d[off] & 0x0F
-    if ihl < 5 or n - off < ihl * 4:
+    # README "Parsing": version 4, IHL >= 5, options present, total length >= header
+    if d[off] >> 4 != 4 or ihl < 5 or n - off < ihl * 4 or _be(d[off + 2:off + 4]) < ihl * 4:
         return
     st.l3kind = "ipv4"
     key["nw_tos"] = d[off + 1]
@@ -710,7 +711,7 @@ def _parse_ipv4(st: State, off: int) -> None:
 
 def _parse_ipv6(st: State, off: int) -> None:
     d, key, n = st.data, st.key, len(st.data)
-    if n - off < 40:
+    if n - off < 40 or d[off] >> 4 != 6:
         return
     st.l3kind = "ipv6"
     key["nw_tos"] = ((d[off] & 0x0F) << 4) | (d[off + 1] >> 4)
@@ -1026,7 +1027,12 @@ def five_tuple_hash(key: Dict[str, int]) -> int:
     for x in b:
         h ^= x
         h = (h * FNV_PRIME) & 0xFFFFFFFF
-    return h
+    # README "Hashes": then MurmurHash3's 32-bit finaliser
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
 
 
 # --------------------------------------------------------------------------------------
@@ -1059,8 +1065,8 @@ class Ctx:
             return
         ts[1] += 1
         best.n_packets += 1
-        best.n_bytes += len(st.data)  # README: bytes as the packet was when it was looked up
-        best.n_bytes_rx += self.rx_len  # (the received size, as OVS counts; see the report)
+        best.n_bytes += self.rx_len  # README: the packet's size when its lookup began (as OVS)
+        best.n_bytes_rx += self.rx_len
         self.log.append(f"table {table}: {best.text}")
         if not best.actions:
             self.reason = "action_drop"

@@ -514,12 +514,8 @@ def packet_bytes(draw, vlan_fixed=None) -> bytes:
         # a mangled header byte (IHL, lengths, offsets, next headers, TCP data offset, ...)
         pos = draw(st.integers(14 if vlan_fixed is None else 18, min(len(data), 80) - 1))
         val = draw(st.sampled_from([0, 1, 4, 5, 6, 0x40, 0x45, 0x4F, 0x60, 0xFF]))
-        if pos == (18 if vlan is not None else 14):
-            # keep the IP version nibble: known core bug, see test_ip_version_is_not_checked
-            val = (data[pos] & 0xF0) | (val & 0x0F)
         data = data[:pos] + bytes([val]) + data[pos + 1:]
-    if _chance(draw, 1 / 8) and "sctp" not in kind:
-        # (no padding after SCTP: known core bug, see test_sctp_crc_ignores_ethernet_padding)
+    if _chance(draw, 1 / 8):
         data += b"\0" * draw(st.sampled_from([2, 6]))  # Ethernet padding after the IP datagram
     if _chance(draw, 1 / 6):
         # truncated capture (keeping a forced 802.1Q state whole)
@@ -576,20 +572,15 @@ def _describe(groups, flows, pkts) -> str:
 
 
 def _per_port(outs):
-    """Outputs grouped by (input index, port), each group in emission order.
-
-    The core does not keep the documented global order (see
-    test_outputs_in_input_order, an xfail): it groups a batch's outputs by port.
-    So the main comparison checks everything but the interleaving between ports:
-    which packets went to which port, from which input, byte for byte, and in
-    which order within one port."""
+    """Outputs grouped by (input index, port), each group in emission order
+    (used only to line up the diff shown on a failure)."""
     d = {}
     for i, p, data in outs:
         d.setdefault((i, p), []).append(data)
     return d
 
 
-def compare_outputs(got, exp, model: Model, pkts, context: str, strict_order: bool = False) -> None:
+def compare_outputs(got, exp, model: Model, pkts, context: str, strict_order: bool = True) -> None:
     g = [(o.index, o.port, o.data) for o in got]
     e = [(i, p, d) for p, d, i in exp]
     if g == e or (not strict_order and _per_port(g) == _per_port(e)):
@@ -645,14 +636,6 @@ def compare_counters(dp: Dataplane, model: Model, pkts, context: str) -> None:
     gf = sorted((f.table, f.priority, f.cookie, f.n_packets, f.n_bytes) for f in dp.dump_flows())
     ef = sorted((f["table"], f["priority"], f["cookie"], f["n_packets"], f["n_bytes"]) for f in model.flow_stats())
     if gf != ef:
-        ef_rx = sorted((f["table"], f["priority"], f["cookie"], f["n_packets"], f["n_bytes_rx"])
-                       for f in model.flow_stats())
-        if gf == ef_rx:
-            # Known core bug (test_rule_bytes_count_packet_as_looked_up): rule n_bytes
-            # count the received size, not the size at the lookup.
-            note("rule n_bytes count received sizes (known core bug)")
-            ef = gf
-    if gf != ef:
         problems.append("flows (table, priority, cookie, n_packets, n_bytes):\n  expected "
                         + str(ef) + "\n  got      " + str(gf))
     if problems:
@@ -681,18 +664,10 @@ def build(groups, flows) -> Tuple[Dataplane, Model]:
     return dp, model
 
 
-def run_and_compare(dp, model, pkts, context, strict_order=False):
+def run_and_compare(dp, model, pkts, context, strict_order=True):
     got = dp.process(list(pkts))
     exp = model.process(list(pkts))
     compare_outputs(got, exp, model, pkts, context, strict_order)
-    if any(r.limit_in_bucket for r in model.last_results):
-        model.counters_tainted = True
-    if getattr(model, "counters_tainted", False):
-        # Known core bug (test_resubmit_limit_inside_group_bucket): after the resubmit
-        # limit is hit inside a group bucket the core goes on processing the packet, so
-        # counters and the drop reason differ. Outputs (none) were compared above.
-        note("counters not compared: resubmit limit inside a group bucket (known core bug)")
-        return got
     compare_counters(dp, model, pkts, context)
     return got
 
@@ -849,8 +824,6 @@ def test_select_group_spreads_by_hash():
     run_and_compare(dp, model, pkts, _describe(groups, flows, pkts))
 
 
-@pytest.mark.xfail(strict=True, reason="CORE BUG: process() groups a batch's outputs by port instead of "
-                   "returning them in input order, then emission order")
 def test_outputs_in_input_order():
     flows = ["in_port=p1,actions=output:p2,output:p3", "in_port=p2,actions=output:p3,output:p1"]
     pkts = [("p1", _udp()), ("p2", _udp()), ("p1", _udp())]
@@ -858,8 +831,6 @@ def test_outputs_in_input_order():
     run_and_compare(dp, model, pkts, _describe([], flows, pkts), strict_order=True)
 
 
-@pytest.mark.xfail(strict=True, reason="CORE BUG: the resubmit limit hit inside a group bucket does not stop the "
-                   "packet: processing goes on after the group and a later drop(reason) replaces resubmit_limit")
 def test_resubmit_limit_inside_group_bucket():
     groups = ["group_id=1,type=all,bucket=actions=resubmit(,1)"]
     flows = ["table=0,actions=resubmit(,1)", "table=1,actions=group:1,resubmit(,2)", "table=2,actions=drop(policy)"]
@@ -881,8 +852,7 @@ def test_drop_reason_inside_group_bucket_ends_the_bucket_only():
     run_and_compare(dp, model, pkts, _describe(groups, flows, pkts))
 
 
-@pytest.mark.parametrize("padding", [0, pytest.param(6, marks=pytest.mark.xfail(
-    strict=True, reason="CORE BUG: the recomputed SCTP CRC32c covers the Ethernet padding after the IP datagram"))])
+@pytest.mark.parametrize("padding", [0, 6])
 @pytest.mark.parametrize("ipv6", [False, True])
 def test_sctp_crc_ignores_ethernet_padding(padding, ipv6):
     l3 = IPv6(src=IP6[0], dst=IP6[1]) if ipv6 else IP(src=IP4[0], dst=IP4[1])
@@ -893,8 +863,6 @@ def test_sctp_crc_ignores_ethernet_padding(padding, ipv6):
     run_and_compare(dp, model, pkts, _describe([], flows, pkts))
 
 
-@pytest.mark.xfail(strict=True, reason="CORE BUG: a group whose bucket names itself is accepted (add_group or "
-                   "mod_group) and the first packet through it crashes the process (unbounded recursion)")
 def test_group_loop_does_not_crash():
     import subprocess
     code = (
@@ -914,10 +882,10 @@ def test_group_loop_does_not_crash():
     assert r.returncode == 0, f"exit status {r.returncode}: {r.stderr[-500:]}"
 
 
-@pytest.mark.xfail(strict=True, reason="CORE BUG (or README wording): rule n_bytes count the packet as received, "
-                   "not 'as the packet was when it was looked up' after push_vlan/pop_vlan")
 @pytest.mark.parametrize("action", ["push_vlan:0x8100", "mod_vlan_vid:7"])
-def test_rule_bytes_count_packet_as_looked_up(action):
+def test_rule_bytes_count_the_packet_as_its_lookup_began(action):
+    """README "Counters": n_bytes count the packet's size when its lookup began (as OVS
+    counts at the datapath), not after push_vlan grew it."""
     flows = [f"table=0,actions={action},resubmit(,1)", "table=1,cookie=0x1,actions=output:p2"]
     pkts = [("p1", _udp())]
     dp, model = build([], flows)
@@ -928,8 +896,6 @@ def test_rule_bytes_count_packet_as_looked_up(action):
     assert got == exp
 
 
-@pytest.mark.xfail(strict=True, reason="CORE BUG: the megaflow of a rule with VLAN actions does not match the "
-                   "packet's VLAN TCI; later packets with another TCI get the first packet's VLAN rewrite")
 @pytest.mark.parametrize("action", ["mod_vlan_vid:1", "mod_vlan_pcp:2", "push_vlan:0x8100", "pop_vlan"])
 def test_vlan_actions_megaflow_ignores_tci(action):
     untagged = _udp()
@@ -990,19 +956,18 @@ def test_replacing_a_flow_keeps_its_counters_and_place():
     run_and_compare(dp, model, pkts, _describe([], flows + again, pkts))
 
 
-@pytest.mark.xfail(strict=True, reason="CORE BUG: an IPv4 header whose version nibble is not 4 is not parsed "
-                   "(README lists only IHL >= 5 and options present; OVS does not check the version either)")
-def test_ip_version_is_not_checked():
+@pytest.mark.parametrize("first_byte", [0x05, 0x65, 0x45])
+def test_ip_version_is_checked(first_byte):
+    """README "Parsing": an IPv4 header must say version 4 (else dl_type stays 0x0800
+    with no IPv4 fields, and the packet is counted rx_malformed)."""
     data = bytearray(_udp())
-    data[14] = 0x05  # version 0, IHL 5
+    data[14] = first_byte
     flows = ["udp,actions=output:p2", "priority=0,actions=output:p3"]
     pkts = [("p1", bytes(data))]
     dp, model = build([], flows)
     run_and_compare(dp, model, pkts, _describe([], flows, pkts))
 
 
-@pytest.mark.xfail(strict=True, reason="CORE BUG: a tag pushed after popping the received tag gets the received "
-                   "tag's TPID (push_vlan:0x8100 after popping an 802.1ad tag sends 0x88a8, and vice versa)")
 @pytest.mark.parametrize("received,actions", [
     (0x88A8, "pop_vlan,push_vlan:0x8100"), (0x8100, "pop_vlan,push_vlan:0x88a8"),
     (0x88A8, "pop_vlan,mod_vlan_vid:7")])

@@ -239,3 +239,14 @@ def test_unknown_port_in_process_and_duplicate_port():
         dp.process(b"\x00" * 60, in_port="nope")
     with pytest.raises(ConflictError):
         dp.add_port("vm1")
+
+
+def test_group_loops_are_refused():
+    dp = Dataplane(ports=PORTS)
+    with pytest.raises(ConflictError, match=r"1 -> 1"):
+        dp.add_group("group_id=1,type=all,bucket=actions=group:1")
+    dp.add_group("group_id=2,type=all,bucket=actions=output:vm2")
+    dp.add_group("group_id=3,type=indirect,bucket=actions=group:2")
+    with pytest.raises(ConflictError, match=r"2 -> 3 -> 2"):
+        dp.mod_group("group_id=2,type=all,bucket=actions=group:3")
+    assert [g.group_id for g in dp.dump_groups()] == [2, 3]

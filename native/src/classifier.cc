@@ -7,7 +7,7 @@ namespace dpu {
 
 size_t Classifier::KeyHash::operator()(const Flow& f) const {
   // Key hash of the datapath words, folded with the pipeline words.
-  const uint64_t* w = words(f);
+  const word_t* w = words(f);
   uint64_t h = hash_key_words(w, 0x2545f4914f6cdd1dull);
   uint64_t p = 0;
   for (size_t i = kKeyWords; i < kFlowWords; i++) p = (p ^ w[i]) * 0x9e3779b97f4a7c15ull;

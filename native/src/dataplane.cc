@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cctype>
 #include <set>
 #include <unordered_set>
@@ -165,6 +166,39 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
   std::vector<Parsed> parsed(txn.ops.size());
   std::unordered_set<uint32_t> gids;
   for (const auto& kv : groups_) gids.insert(kv.first);
+  // Group -> groups its buckets name, to refuse chains that loop back (as
+  // OpenFlow's OFPGMFC_LOOP).
+  std::unordered_map<uint32_t, std::vector<uint32_t>> gref;
+  auto refs_of = [](const Group& g) {
+    std::vector<uint32_t> r;
+    for (const Bucket& b : g.buckets)
+      for (const OfAction& a : b.actions)
+        if (a.type == OfAct::GROUP) r.push_back(a.arg);
+    return r;
+  };
+  for (const auto& kv : groups_) gref[kv.first] = refs_of(*kv.second);
+  auto loop_from = [&gref](uint32_t start) -> std::string {
+    std::vector<uint32_t> path{start};
+    std::unordered_set<uint32_t> on_path{start};
+    std::function<bool(uint32_t)> dfs = [&](uint32_t g) -> bool {
+      auto it = gref.find(g);
+      if (it == gref.end()) return false;
+      for (uint32_t n : it->second) {
+        path.push_back(n);
+        if (n == start) return true;
+        if (!on_path.count(n)) {
+          on_path.insert(n);
+          if (dfs(n)) return true;
+        }
+        path.pop_back();
+      }
+      return false;
+    };
+    if (!dfs(start)) return "";
+    std::string s;
+    for (uint32_t g : path) s += (s.empty() ? "" : " -> ") + std::to_string(g);
+    return s;
+  };
   auto check_groups = [&](const std::vector<OfAction>& acts, int line) -> Status {
     for (const OfAction& a : acts) {
       if (a.type == OfAct::GROUP && !gids.count(a.arg)) {
@@ -211,6 +245,14 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
           st = check_groups(b.actions, line);
           if (!st.ok()) break;
         }
+        if (!st.ok()) break;
+        gref[p.group->group_id] = refs_of(*p.group);
+        {
+          std::string loop = loop_from(p.group->group_id);
+          if (!loop.empty())
+            st = Status::Error(Err::CONFLICT, "group " + std::to_string(p.group->group_id) +
+                                                  " would loop through its buckets: " + loop);
+        }
         break;
       }
       case TxnOp::DEL_GROUPS: {
@@ -218,11 +260,15 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
         if (t.empty() || t == "group_id=all" || t == "all") {
           p.all_groups = true;
           gids.clear();
+          gref.clear();
           break;
         }
         p.group = std::make_shared<Group>();
         st = parse_group(op.text, false, &tp, p.group.get());
-        if (st.ok()) gids.erase(p.group->group_id);
+        if (st.ok()) {
+          gids.erase(p.group->group_id);
+          gref.erase(p.group->group_id);
+        }
         break;
       }
     }

@@ -6,7 +6,7 @@
 namespace dpu {
 
 Megaflow* Dpcls::insert(const Flow& key, const Flow& wc, XlateOut&& x) {
-  const uint64_t* m = words(wc);
+  const word_t* m = words(wc);
   Subtable* st = nullptr;
   for (auto& s : subtables_) {
     if (std::memcmp(s->mask, m, kKeyBytes) == 0) {
@@ -35,7 +35,7 @@ Megaflow* Dpcls::insert(const Flow& key, const Flow& wc, XlateOut&& x) {
     st->slots.swap(bigger);
   }
   auto mf = std::make_unique<Megaflow>();
-  const uint64_t* k = words(key);
+  const word_t* k = words(key);
   for (size_t i = 0; i < kKeyWords; i++) mf->key[i] = k[i] & m[i];
   mf->st = st;
   mf->hash = st->hash_of(mf->key);

@@ -65,7 +65,7 @@ struct Subtable {
   uint64_t hits = 0;
   std::vector<std::unique_ptr<Megaflow>> flows;
 
-  uint32_t hash_of(const uint64_t* k) const {
+  uint32_t hash_of(const word_t* k) const {
     uint64_t h = 0x84222325cbf29ce4ull;
     for (uint8_t i = 0; i < n_idx; i++) {
       uint8_t j = idx[i];
@@ -73,7 +73,7 @@ struct Subtable {
     }
     return static_cast<uint32_t>(h ^ (h >> 32));
   }
-  Megaflow* find(const uint64_t* k, uint32_t h) const {
+  Megaflow* find(const word_t* k, uint32_t h) const {
     size_t m = slots.size() - 1;
     for (size_t pos = h & m;; pos = (pos + 1) & m) {
       const Slot& s = slots[pos];
@@ -91,7 +91,7 @@ struct Subtable {
 
 class Dpcls {
  public:
-  Megaflow* lookup(const uint64_t* key, uint32_t* probes) {
+  Megaflow* lookup(const word_t* key, uint32_t* probes) {
     uint32_t n = 0;
     for (Subtable* st : order_) {
       n++;
@@ -154,12 +154,12 @@ class Emc {
 
   // Whole-key compare without early exits. The AVX2 variant is checked
   // against same_plain by selftest() (tests/test_selftest.py).
-  static bool same_plain(const uint64_t* a, const uint64_t* b) {
+  static bool same_plain(const word_t* a, const word_t* b) {
     uint64_t d = 0;
     for (size_t i = 0; i < kKeyWords; i++) d |= a[i] ^ b[i];
     return d == 0;
   }
-  static bool same(const uint64_t* a, const uint64_t* b) {
+  static bool same(const word_t* a, const word_t* b) {
 #if defined(__AVX2__)
     __m256i d = _mm256_setzero_si256();
     for (size_t i = 0; i + 4 <= 16; i += 4)

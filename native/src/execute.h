@@ -110,6 +110,13 @@ inline void set_l4(Packet* p, const DpAction& a) {
   uint8_t* l4 = p->data() + p->l4_ofs;
   uint32_t len = p->len - p->l4_ofs;
   if (a.proto == kIpSctp) {
+    // The CRC covers the SCTP packet: the IP payload, not Ethernet padding.
+    if (p->l3_ofs != kNoOffset) {
+      const uint8_t* ip = p->data() + p->l3_ofs;
+      uint32_t end = (ip[0] >> 4) == 4 ? p->l3_ofs + static_cast<uint32_t>(be16(load16(ip + 2)))
+                                       : p->l3_ofs + 40u + be16(load16(ip + 4));
+      if (end > p->l4_ofs && end < p->len) len = end - p->l4_ofs;
+    }
     if (len < 12) return;
     apply_window(l4 + a.ofs, a, nullptr, nullptr, false);
     std::memset(l4 + 8, 0, 4);

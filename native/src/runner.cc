@@ -2,6 +2,7 @@
 // runner.h).
 #include "runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -19,6 +20,7 @@ class CaptureSink : public PortSink {
       MemPacket m;
       m.port = port;
       m.index = index_of_[p->origin];
+      m.seq = p->emit_seq;
       m.ts_ns = p->md.timestamp_ns;
       m.offset = static_cast<uint32_t>(out_->data.size());
       m.len = p->len;
@@ -86,6 +88,10 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
     if (b.count) w.process(b);
   }
   w.set_sink(nullptr);
+  // Input order, then the order the actions emitted (as OVS's ofproto/trace reads).
+  std::stable_sort(out->pkts.begin(), out->pkts.end(), [](const MemPacket& a, const MemPacket& b) {
+    return a.index != b.index ? a.index < b.index : a.seq < b.seq;
+  });
   return Status::Ok();
 }
 

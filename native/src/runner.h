@@ -20,6 +20,7 @@ namespace dpu {
 struct MemPacket {
   uint32_t port;
   uint32_t index;     // input index it came from
+  uint32_t seq;       // emission order within the call
   uint64_t ts_ns;
   uint32_t offset, len;  // into MemOutput::data
 };

@@ -79,6 +79,7 @@ void Worker::process(Batch& in) {
     pc.rx_bytes += p->len;
   }
   recirculated_ = false;
+  emit_seq_ = 0;
   std::vector<Packet*>& cur = cur_;
   std::vector<Packet*>& next = next_;
   cur.assign(in.pkts, in.pkts + n);
@@ -291,6 +292,7 @@ void Worker::emit(uint32_t port, Packet* p, bool counts_as_output) {
       tenants[p->md.tenant].tx_bytes += p->len;
     }
   }
+  p->emit_seq = emit_seq_++;
   std::vector<Packet*>& q = tx_[port];
   if (q.empty()) tx_ports_.push_back(port);
   q.push_back(p);

@@ -158,6 +158,7 @@ class Worker {
   uint16_t tenant_[kBatchMax];
   uint32_t in_port_[kBatchMax];
   bool recirculated_ = false;
+  uint32_t emit_seq_ = 0;
 };
 
 }  // namespace dpu

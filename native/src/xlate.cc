@@ -30,7 +30,7 @@ Flow field_mask(const FieldDef& f, u128 bits) {
 }
 
 bool any_bits(const Flow& m, size_t from_word, size_t to_word) {
-  const uint64_t* w = words(m);
+  const word_t* w = words(m);
   for (size_t i = from_word; i < to_word; i++)
     if (w[i]) return true;
   return false;
@@ -63,8 +63,8 @@ class Ctx {
  private:
   // ---- wildcards ---------------------------------------------------------------
   void uw(const Flow& m) {
-    uint64_t* wc = words(out_.wc);
-    const uint64_t *x = words(m), *wr = words(written_);
+    word_t* wc = words(out_.wc);
+    const word_t*x = words(m), *wr = words(written_);
     for (size_t i = 0; i < kKeyWords; i++) wc[i] |= x[i] & ~wr[i];
   }
   void uw_field(FieldId id) {
@@ -351,6 +351,15 @@ class Ctx {
   }
 
   void do_group(uint32_t id) {
+    // A group is one nesting level and one unit of work, like a resubmit (as
+    // OVS): chains are bounded even if a loop slipped past validation.
+    if (depth_ >= kMaxDepth || ++resubmits_ > kMaxResubmits) {
+      event(TraceEvent::NOTE, "group nesting limit reached: packet dropped");
+      error_ = true;
+      reason_ = DROP_RESUBMIT_LIMIT;
+      exit_ = true;
+      return;
+    }
     auto it = env_.groups->find(id);
     if (it == env_.groups->end()) {
       event(TraceEvent::NOTE, "group " + std::to_string(id) + " does not exist");
@@ -419,7 +428,7 @@ class Ctx {
     base_ = sb;
     written_ = sw;
     std::memset(&pending_, 0, sizeof pending_);
-    exit_ = sexit;
+    exit_ = sexit || error_;  // drop(reason)/dec_ttl end the bucket; a limit error ends everything
   }
 
   // ---- output --------------------------------------------------------------------
@@ -544,6 +553,15 @@ class Ctx {
       } else if (bt && !ft) {
         a.type = Dp::POP_VLAN;
         out_.actions.push_back(a);
+      } else if (bt && ft && f.vlan_tpid != base_.vlan_tpid) {
+        // Same tag position, other TPID: replace the tag.
+        a.type = Dp::POP_VLAN;
+        out_.actions.push_back(a);
+        DpAction b;
+        b.type = Dp::PUSH_VLAN;
+        b.tpid = f.vlan_tpid ? be16(f.vlan_tpid) : kEthVlan;
+        b.tci = static_cast<uint16_t>(be16(f.vlan_tci) & ~kVlanPresent);
+        out_.actions.push_back(b);
       } else if (bt && ft) {
         uint16_t v = static_cast<uint16_t>(f.vlan_tci & be16(static_cast<uint16_t>(~kVlanPresent)));
         uint16_t m = static_cast<uint16_t>(p.vlan_tci & be16(static_cast<uint16_t>(~kVlanPresent)));
@@ -603,6 +621,7 @@ class Ctx {
     if (error_) {
       out_.actions.clear();
       out_.has_output = false;
+      reason_ = DROP_RESUBMIT_LIMIT;
     }
     bool pop = !out_.actions.empty() && out_.actions.back().type == Dp::TNL_POP;
     if (!out_.has_output && !pop) {

@@ -56,6 +56,7 @@ struct alignas(64) Packet {
   uint16_t l3_ofs = kNoOffset;    // from frame start
   uint16_t l4_ofs = kNoOffset;
   uint32_t origin = 0;            // index (in its input batch) of the arrival it descends from
+  uint32_t emit_seq = 0;          // order in which the batch emitted it (output order across ports)
   alignas(64) TunnelIpv6 tun6;
   alignas(64) uint8_t buf[kPacketBlock];
 
@@ -71,7 +72,7 @@ struct alignas(64) Packet {
   }
 };
 
-static_assert(sizeof(PacketMeta) + 12 <= 64, "metadata and offsets share one cache line");
+static_assert(sizeof(PacketMeta) + 16 <= 64, "metadata and offsets share one cache line");
 
 static_assert(offsetof(Packet, buf) == 128, "frame data must stay cache-line aligned");
 static_assert(offsetof(Packet, tun6) == 64, "hot header fits the first line");

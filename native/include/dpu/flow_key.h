@@ -104,8 +104,13 @@ static_assert(offsetof(Flow, arp_sha) == 136, "layout");
 static_assert(offsetof(Flow, metadata) == kKeyBytes, "datapath key must end before pipeline state");
 static_assert(sizeof(Flow) == kKeyBytes + 40, "layout");
 
-inline const uint64_t* words(const Flow& f) { return reinterpret_cast<const uint64_t*>(&f); }
-inline uint64_t* words(Flow& f) { return reinterpret_cast<uint64_t*>(&f); }
+// A Flow seen as 64-bit words (masking, hashing, comparing). The may_alias
+// type tells the compiler these loads and stores may touch the Flow's
+// narrower members: without it, -O3 legitimately drops a 16-bit store that is
+// only read back as a word (strict aliasing).
+using word_t = uint64_t __attribute__((__may_alias__));
+inline const word_t* words(const Flow& f) { return reinterpret_cast<const word_t*>(&f); }
+inline word_t* words(Flow& f) { return reinterpret_cast<word_t*>(&f); }
 
 // Common ethertypes / protocols, network order where noted.
 constexpr uint16_t kEthIp = 0x0800, kEthArp = 0x0806, kEthIpv6 = 0x86dd, kEthVlan = 0x8100,
@@ -126,7 +131,7 @@ inline uint64_t mix128(uint64_t a, uint64_t b) {
   return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);
 }
 
-inline uint32_t hash_key_words_plain(const uint64_t* w, uint64_t seed) {
+inline uint32_t hash_key_words_plain(const word_t* w, uint64_t seed) {
   uint64_t h = seed;
   for (size_t i = 0; i + 1 < kKeyWords; i += 2)
     h ^= mix128(w[i] ^ 0x9e3779b97f4a7c15ull, w[i + 1] ^ (0xc2b2ae3d27d4eb4full + i));
@@ -134,7 +139,7 @@ inline uint32_t hash_key_words_plain(const uint64_t* w, uint64_t seed) {
   return static_cast<uint32_t>(h ^ (h >> 32));
 }
 
-inline uint32_t hash_key_words(const uint64_t* w, uint64_t seed) {
+inline uint32_t hash_key_words(const word_t* w, uint64_t seed) {
 #if defined(__SSE4_2__)
   uint64_t a = seed, b = seed ^ 0x9e3779b97f4a7c15ull, c = seed ^ 0xc2b2ae3d27d4eb4full;
   for (size_t i = 0; i + 2 < kKeyWords; i += 3) {
@@ -205,14 +210,14 @@ inline uint32_t hash_5tuple(const Flow& f) {
 
 // ---- masks ----------------------------------------------------------------------
 inline void flow_and(Flow& dst, const Flow& a, const Flow& b) {
-  uint64_t* d = words(dst);
-  const uint64_t *x = words(a), *y = words(b);
+  word_t* d = words(dst);
+  const word_t*x = words(a), *y = words(b);
   for (size_t i = 0; i < kFlowWords; i++) d[i] = x[i] & y[i];
 }
 
 inline void flow_or_into(Flow& dst, const Flow& m) {
-  uint64_t* d = words(dst);
-  const uint64_t* x = words(m);
+  word_t* d = words(dst);
+  const word_t* x = words(m);
   for (size_t i = 0; i < kFlowWords; i++) d[i] |= x[i];
 }
 

@@ -97,7 +97,7 @@ struct FlowSpec {
 
 // Does the rule match flow `f` (value compared under the rule's mask)?
 inline bool match_flow(const Match& m, const Flow& f) {
-  const uint64_t *v = words(m.value), *k = words(m.mask), *x = words(f);
+  const word_t*v = words(m.value), *k = words(m.mask), *x = words(f);
   for (size_t i = 0; i < kFlowWords; i++)
     if ((x[i] & k[i]) != v[i]) return false;
   return true;
@@ -105,7 +105,7 @@ inline bool match_flow(const Match& m, const Flow& f) {
 
 // Is every flow matched by `narrow` also matched by `wide` (ofctl non-strict)?
 inline bool match_covers(const Match& wide, const Match& narrow) {
-  const uint64_t *wv = words(wide.value), *wm = words(wide.mask), *nv = words(narrow.value),
+  const word_t*wv = words(wide.value), *wm = words(wide.mask), *nv = words(narrow.value),
                  *nm = words(narrow.mask);
   for (size_t i = 0; i < kFlowWords; i++) {
     if ((wm[i] & ~nm[i]) != 0) return false;     // wide looks at bits narrow leaves free
