@@ -980,8 +980,6 @@ def test_push_after_popping_the_received_tag_uses_the_new_tpid(received, actions
     run_and_compare(dp, model, pkts, _describe([], flows, pkts))
 
 
-@pytest.mark.xfail(strict=True, reason="README AMBIGUITY (model takes OVS's reading): after push_vlan then pop_vlan "
-                   "on a tagged packet the wire keeps the original tag, but the core's key says untagged")
 def test_pop_after_push_on_tagged_packet_shows_the_remaining_tag():
     data = bytes(Ether(src=MACS[0], dst=MACS[1]) / Dot1Q(vlan=6, prio=2) / IP(src=IP4[0], dst=IP4[1])
                  / UDP(sport=53, dport=80))

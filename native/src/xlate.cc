@@ -276,14 +276,16 @@ class Ctx {
         uint16_t tci = be16(flow_.vlan_tci);
         bool tagged = tci & kVlanPresent;
         if (a.type == OfAct::PUSH_VLAN && tagged) {
-          // A second tag: push it on the packet as it is; the key keeps
-          // describing the outer tag, which copies the inner one's TCI.
+          // A second tag goes on the packet now; the key describes the outer
+          // tag (a copy of the inner one's TCI, as OpenFlow) and the inner one
+          // waits on tags_ for a pop to bring it back.
           commit();
           DpAction d;
           d.type = Dp::PUSH_VLAN;
           d.tpid = static_cast<uint16_t>(a.arg);
           d.tci = static_cast<uint16_t>(tci & ~kVlanPresent);
           out_.actions.push_back(d);
+          tags_.push_back({flow_.vlan_tpid, flow_.vlan_tci});
           flow_.vlan_tpid = be16(static_cast<uint16_t>(a.arg));
           base_.vlan_tpid = flow_.vlan_tpid;
           return;
@@ -303,6 +305,17 @@ class Ctx {
       case OfAct::STRIP_VLAN:
         uw(vlan_present_mask());
         if (!(flow_.vlan_tci & be16(kVlanPresent))) return;
+        if (!tags_.empty()) {
+          // Popping a tag this walk pushed: the one below shows again.
+          commit();
+          DpAction d;
+          d.type = Dp::POP_VLAN;
+          out_.actions.push_back(d);
+          flow_.vlan_tpid = base_.vlan_tpid = tags_.back().first;
+          flow_.vlan_tci = base_.vlan_tci = tags_.back().second;
+          tags_.pop_back();
+          return;
+        }
         write_field(field_def(FieldId::VLAN_TCI), 0, 0xffff);
         flow_.vlan_tpid = 0;
         return;
@@ -413,6 +426,7 @@ class Ctx {
   void do_bucket(const Bucket& b) {
     commit();
     Flow sf = flow_, sb = base_, sw = written_;
+    auto stags = tags_;
     bool sexit = exit_;
     size_t at = out_.actions.size();
     DpAction c;
@@ -427,6 +441,7 @@ class Ctx {
     flow_ = sf;
     base_ = sb;
     written_ = sw;
+    tags_ = stags;
     std::memset(&pending_, 0, sizeof pending_);
     exit_ = sexit || error_;  // drop(reason)/dec_ttl end the bucket; a limit error ends everything
   }
@@ -643,6 +658,7 @@ class Ctx {
   XlateOut& out_;
   std::vector<TraceEvent>* trace_;
   Flow flow_{}, base_{}, pending_{}, written_{};
+  std::vector<std::pair<uint16_t, uint16_t>> tags_;  // (tpid, tci) under tags pushed this walk
   int depth_ = 0, resubmits_ = 0;
   uint8_t table_ = 0;
   bool exit_ = false, error_ = false;
