@@ -93,3 +93,50 @@ def test_flows_normalises(rules, capsys):
 def test_console_script_is_installed():
     r = subprocess.run([sys.executable, "-m", "dpu.cli", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "replay" in r.stdout and "bench" in r.stdout
+
+
+def test_gen_writes_distinct_flows(tmp_path, capsys):
+    from scapy.all import IP, UDP, rdpcap
+
+    out = tmp_path / "t.pcap"
+    assert main(["gen", 'Ether(dst="02:00:00:00:00:02")/IP(src="10.0.0.1",dst="10.0.0.2")/UDP(sport=1,dport=80)',
+                 "-n", "500", "--flows", "50", "--vary", "udp.sport=2000-2999", "--size", "64", "-o", str(out)]) == 0
+    assert "wrote 500 packets" in capsys.readouterr().out
+    pkts = rdpcap(str(out))
+    assert len(pkts) == 500 and all(len(p) == 64 for p in pkts)
+    assert len({p[UDP].sport for p in pkts}) == 50 and pkts[0][UDP].sport == pkts[50][UDP].sport
+    assert {p[IP].dst for p in pkts} == {"10.0.0.2"}
+
+
+def test_gen_bad_field_is_an_error(tmp_path, capsys):
+    assert main(["gen", "Ether()/IP()/UDP()", "-n", "5", "--flows", "2", "--vary", "ip.nonsense=1-2",
+                 "-o", str(tmp_path / "x.pcap")]) == 1
+    assert "nonsense" in capsys.readouterr().err
+
+
+def test_demo_runs_and_counts(tmp_path, capsys):
+    assert main(["demo", "--out-dir", str(tmp_path / "d"), "--packets", "20000", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    r = d["replay"]
+    assert r["packets_in"] >= 19000 and r["packets_out"] > 0
+    assert set(r["drops"]) >= {"spoofed", "isolation", "unknown_vtep", "unknown_vni"}
+    assert set(d["tenants"]) == {"blue", "red"} and d["tenants"]["blue"]["rx_packets"] > 0
+    for f in ("topology.yaml", "flows.txt", "in/vm1.pcap", "in/p0.pcap", "out/p0.pcap", "out/vm2.pcap"):
+        assert (tmp_path / "d" / f).exists(), f
+    assert main(["demo", "--out-dir", str(tmp_path / "t"), "--packets", "5000"]) == 0
+    text = capsys.readouterr().out
+    assert "Ports:" in text and "Tenants:" in text and "Mpps" in text
+
+
+def test_bench_json_lines(capsys):
+    assert main(["bench", "l3-rewrite-1k", "--packets", "200000", "--repeat", "1", "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    d = json.loads(line)
+    assert d["scenario"] == "l3-rewrite-1k" and d["flows"] == 1000 and d["rules"] == 1000
+    assert d["packet_size"] == 64 and d["mpps"] > 0 and abs(d["ns_per_packet"] * d["mpps"] - 1000) < 1
+
+
+def test_bench_unknown_scenario(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "no-such-scenario"])
+    assert "unknown scenario" in capsys.readouterr().err

@@ -1,0 +1,23 @@
+"""Type stubs for dpu._gen, the Cython packet stamping engine behind dpu.gen."""
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+class NativeError(Exception):
+    kind: str
+    message: str
+    file: Optional[str]
+    record: Optional[int]
+    def __init__(self, kind: str, message: str, file: Optional[str], record: Optional[int]) -> None: ...
+
+class Stamper:
+    length: int
+    nflows: int
+    flow: int
+    def __init__(self, template: bytes, fields: Sequence[tuple], csums: Sequence[tuple], nflows: int) -> None: ...
+    def stamp_into(self, out: np.ndarray, count: int) -> None: ...
+    def generate(self, count: int, start_ns: int, interval_ns: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
+    def write_pcap(self, path: str, count: int, start_ns: int, interval_ns: int, chunk: int) -> int: ...
+
+def write_pcap(path: str, data: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, timestamps_ns: np.ndarray) -> int: ...
+def read_pcap(path: str, limit: int = ...) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]: ...
