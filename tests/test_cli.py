@@ -140,3 +140,24 @@ def test_bench_unknown_scenario(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "no-such-scenario"])
     assert "unknown scenario" in capsys.readouterr().err
+
+
+def test_progress_bar_on_a_terminal(monkeypatch):
+    import io
+
+    from dpu import cli
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    err = Tty()
+    monkeypatch.setattr(cli.sys, "stderr", err)
+    bar = cli._Progress(True)
+    bar.t0 -= 2  # a long input: shown once half a second has passed
+    bar(50, 100, 1_000_000)
+    bar.close()
+    assert "50.0%" in err.getvalue() and "1,000,000 packets" in err.getvalue() and err.getvalue().endswith("\n")
+    quiet = cli._Progress(True)  # a short run: nothing within the first half second
+    quiet(50, 100, 10)
+    assert not quiet.shown

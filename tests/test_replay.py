@@ -169,3 +169,26 @@ def test_cli_replay_bad_flow_file_reports_line(tmp_path, capsys):
     assert cli_main(["replay", "--flows", str(rules), "--in", f"vm1={a}", "--out-dir", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert f"{rules}:2:" in err and "nw_dst" in err
+
+
+def test_replay_streams_inputs_larger_than_its_memory(tmp_path):
+    """A 240 MB capture replays in a process whose peak memory stays far below it."""
+    import resource
+    import subprocess
+    import sys
+
+    from dpu import gen
+
+    src = tmp_path / "big.pcap"
+    n = gen.generate_pcap(str(src), 'Ether(dst="02:00:00:00:00:bb")/IP(dst="10.0.0.5")/UDP(sport=1,dport=2)', 3_000_000,
+                          flows=1000, size=64)
+    assert src.stat().st_size > 200e6
+    code = ("import sys; from dpu import Dataplane; dp = Dataplane(ports=['a','out'], flows=['in_port=a,actions=output:out']);"
+            f"s = dp.replay({{'a': {str(src)!r}}}, {str(tmp_path / 'o')!r}); print(s.packets_in, s.packets_out)")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(n), str(n)]
+    peak_mb = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before) / 1024
+    assert peak_mb < 150, f"replay peaked at {peak_mb:.0f} MB for a {src.stat().st_size / 1e6:.0f} MB input"
+    assert (tmp_path / "o" / "out.pcap").stat().st_size == src.stat().st_size  # same records, ns pcap header
