@@ -55,3 +55,18 @@ PKT_TCP = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb") / IP(src="10.1
 PKT_ICMP = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb") / IP(src="10.1.0.1", dst="10.0.0.5") / ICMP(type=8, id=7, seq=1)
 PKT_V6 = Ether(src="02:00:00:00:00:aa", dst="02:00:00:00:00:bb") / IPv6(src="2001:db8::1", dst="2001:db8::5") / UDP(sport=1000, dport=53) / Raw(b"v6")
 PKT_ARP = Ether(src="02:00:00:00:00:aa", dst=BROADCAST) / ARP(op=1, hwsrc="02:00:00:00:00:aa", psrc="10.1.0.1", pdst="10.0.0.5")
+
+
+def five_tuple_hash(src_ip, dst_ip, proto, sport, dport):
+    """README "Hashes", written out: FNV-1a 32 over the IPv4 5-tuple, then fmix32."""
+    import socket
+    import struct
+
+    h = 2166136261
+    for b in socket.inet_aton(src_ip) + socket.inet_aton(dst_ip) + bytes([proto]) + struct.pack("!HH", sport, dport):
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)

@@ -1,8 +1,6 @@
 """VXLAN overlay compiled from the tenant topology (issue: per-tenant isolation)."""
 import copy
 import os
-import socket
-import struct
 
 import pytest
 import yaml
@@ -15,7 +13,7 @@ from dpu.topology import compile_topology, load_topology
 from packets import (
     BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_VNI, BROADCAST, GW_MAC, NEXTHOP_MAC, RED_REMOTE_IP, RED_REMOTE_MAC,
     RED_VNI, UPLINK_MAC, VM1_IP, VM1_MAC, VM2_IP, VM2_MAC, VM3_IP, VM3_MAC, VTEP_BLUE, VTEP_LOCAL, VTEP_RED,
-    arp_request, udp, vxlan,
+    arp_request, five_tuple_hash, udp, vxlan,
 )
 
 TOPO = os.path.join(os.path.dirname(__file__), "..", "examples", "topology.yaml")
@@ -29,17 +27,6 @@ def topo_dict():
 @pytest.fixture
 def dp():
     return Dataplane.from_topology(TOPO)
-
-
-def fnv_fmix(data):
-    h = 2166136261
-    for b in data:
-        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
 
 
 def only(outs, port):
@@ -68,7 +55,7 @@ def test_encap_to_remote_endpoint_on_the_wire(dp):
     assert u.dport == 4789 and u.chksum == 0 and 49152 <= u.sport <= 65535
     assert bytes(o[UDP])[8:16] == bytes([0x08, 0, 0, 0, 0, 0, BLUE_VNI, 0])
     assert bytes(o[UDP])[16:] == bytes(inner), "inner frame untouched"
-    want = fnv_fmix(socket.inet_aton(VM1_IP) + socket.inet_aton(BLUE_REMOTE_IP) + bytes([17]) + struct.pack("!HH", 4000, 80))
+    want = five_tuple_hash(VM1_IP, BLUE_REMOTE_IP, 17, 4000, 80)
     assert u.sport == 49152 + ((want * 16384) >> 32), "README: source port from the documented hash"
 
 

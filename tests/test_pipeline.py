@@ -4,7 +4,7 @@ import pytest
 from scapy.all import ARP, IP, SCTP, TCP, UDP, Dot1Q, Ether, ICMP, IPv6, IPv6ExtHdrFragment, Raw, ICMPv6EchoRequest
 
 from dpu import Dataplane
-from packets import PKT_ARP, PKT_ICMP, PKT_TCP, PKT_UDP, PKT_V6
+from packets import PKT_ARP, PKT_ICMP, PKT_TCP, PKT_UDP, PKT_V6, five_tuple_hash
 
 PORTS = ["p1", "p2", "p3", "p4"]
 
@@ -168,25 +168,12 @@ def test_select_group_hash_and_weights():
 
 def test_select_bucket_is_the_documented_hash():
     """README 'Hashes': FNV-1a over nw_src nw_dst proto sport dport, fmix32; h % total weight."""
-    import socket
-    import struct
-
-    def fnv(data):
-        h = 2166136261
-        for b in data:
-            h = ((h ^ b) * 16777619) & 0xFFFFFFFF
-        h ^= h >> 16
-        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-        h ^= h >> 13
-        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-        return h ^ (h >> 16)
-
     dp = Dataplane(ports=PORTS)
     dp.add_group("group_id=1,type=select,bucket=weight:1,actions=output:p2,bucket=weight:2,actions=output:p3")
     dp.add_flow("actions=group:1")
     for i in range(50):
         src, dst, sport, dport = f"10.0.0.{i}", "10.1.1.1", 5000 + i, 443
-        h = fnv(socket.inet_aton(src) + socket.inet_aton(dst) + bytes([17]) + struct.pack("!HH", sport, dport))
+        h = five_tuple_hash(src, dst, 17, sport, dport)
         want = "p2" if h % 3 < 1 else "p3"
         (o,) = dp.process(E / IP(src=src, dst=dst) / UDP(sport=sport, dport=dport), in_port="p1")
         assert o.port == want

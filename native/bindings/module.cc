@@ -134,6 +134,17 @@ py::dict drops_dict(const uint64_t* drops) {
   return d;
 }
 
+py::dict traffic_dict(const TrafficCounters& c) {
+  py::dict p;
+  p["rx_packets"] = c.rx_packets;
+  p["rx_bytes"] = c.rx_bytes;
+  p["tx_packets"] = c.tx_packets;
+  p["tx_bytes"] = c.tx_bytes;
+  p["dropped"] = c.dropped;
+  p["drops"] = drops_dict(c.drops);
+  return p;
+}
+
 const TxnOp::Kind kOpKinds[] = {TxnOp::ADD_FLOW, TxnOp::MOD_FLOWS, TxnOp::MOD_FLOWS_STRICT, TxnOp::DEL_FLOWS,
                                 TxnOp::DEL_FLOWS_STRICT, TxnOp::ADD_GROUP, TxnOp::MOD_GROUP, TxnOp::DEL_GROUPS};
 const char* const kOpNames[] = {"add_flow", "mod_flows", "mod_flows_strict", "del_flows",
@@ -316,30 +327,15 @@ PYBIND11_MODULE(_core, m) {
              py::dict ports;
              for (const auto& pc : t.ports) {
                const PortCounters& c = pc.second;
-               py::dict p;
-               p["rx_packets"] = c.rx_packets;
-               p["rx_bytes"] = c.rx_bytes;
-               p["tx_packets"] = c.tx_packets;
-               p["tx_bytes"] = c.tx_bytes;
+               py::dict p = traffic_dict(c);
                p["rx_truncated"] = c.rx_truncated;
                p["rx_malformed"] = c.rx_malformed;
                p["rx_unknown"] = c.rx_unknown;
-               p["dropped"] = c.dropped;
-               p["drops"] = drops_dict(c.drops);
                ports[py::int_(pc.first)] = p;
              }
              d["ports"] = ports;
              py::list tenants;
-             for (const TenantCounters& c : t.tenants) {
-               py::dict p;
-               p["rx_packets"] = c.rx_packets;
-               p["rx_bytes"] = c.rx_bytes;
-               p["tx_packets"] = c.tx_packets;
-               p["tx_bytes"] = c.tx_bytes;
-               p["dropped"] = c.dropped;
-               p["drops"] = drops_dict(c.drops);
-               tenants.append(p);
-             }
+             for (const TenantCounters& c : t.tenants) tenants.append(traffic_dict(c));
              d["tenants"] = tenants;
              const PmdCounters& p = t.pmd;
              py::dict pmd;

@@ -488,46 +488,10 @@ Totals Dataplane::totals() {
   for (const PortInfo& p : ps) tot.ports.push_back({p.ofport, PortCounters()});
   for (auto& w : workers_) {
     std::lock_guard<std::mutex> g(w->mu);
-    for (auto& pc : tot.ports) {
-      if (pc.first >= w->ports.size()) continue;
-      const PortCounters& s = w->ports[pc.first];
-      PortCounters& d = pc.second;
-      d.rx_packets += s.rx_packets;
-      d.rx_bytes += s.rx_bytes;
-      d.tx_packets += s.tx_packets;
-      d.tx_bytes += s.tx_bytes;
-      d.rx_truncated += s.rx_truncated;
-      d.rx_malformed += s.rx_malformed;
-      d.rx_unknown += s.rx_unknown;
-      d.dropped += s.dropped;
-      for (int r = 0; r < DROP_COUNT; r++) d.drops[r] += s.drops[r];
-    }
-    for (size_t t = 0; t < tot.tenants.size() && t < w->tenants.size(); t++) {
-      const TenantCounters& s = w->tenants[t];
-      TenantCounters& d = tot.tenants[t];
-      d.rx_packets += s.rx_packets;
-      d.rx_bytes += s.rx_bytes;
-      d.tx_packets += s.tx_packets;
-      d.tx_bytes += s.tx_bytes;
-      d.dropped += s.dropped;
-      for (int r = 0; r < DROP_COUNT; r++) d.drops[r] += s.drops[r];
-    }
-    const PmdCounters& s = w->pmd;
-    PmdCounters& d = tot.pmd;
-    d.packets += s.packets;
-    d.passes += s.passes;
-    d.recirculations += s.recirculations;
-    d.emc_hits += s.emc_hits;
-    d.megaflow_hits += s.megaflow_hits;
-    d.subtable_probes += s.subtable_probes;
-    d.upcalls += s.upcalls;
-    d.upcall_no_install += s.upcall_no_install;
-    d.batches += s.batches;
-    d.tx_batches += s.tx_batches;
-    d.tx_packets += s.tx_packets;
-    d.flushes += s.flushes;
-    d.tunnel_pops += s.tunnel_pops;
-    for (int i = 0; i < STAGE_COUNT; i++) d.cycles[i] += s.cycles[i];
+    for (auto& pc : tot.ports)
+      if (pc.first < w->ports.size()) pc.second.add(w->ports[pc.first]);
+    for (size_t t = 0; t < tot.tenants.size() && t < w->tenants.size(); t++) tot.tenants[t].add(w->tenants[t]);
+    tot.pmd.add(w->pmd);
     tot.megaflows += w->megaflow_count();
   }
   return tot;

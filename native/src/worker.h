@@ -50,17 +50,33 @@ class PortSink {
   virtual void send(uint32_t port, Packet* const* pkts, uint32_t n) = 0;
 };
 
-struct PortCounters {
+// Packets and bytes in and out, and drops by reason: per tenant, and (with the
+// parse counters) per port.
+struct TrafficCounters {
   uint64_t rx_packets = 0, rx_bytes = 0, tx_packets = 0, tx_bytes = 0;
-  uint64_t rx_truncated = 0, rx_malformed = 0, rx_unknown = 0;
   uint64_t dropped = 0;
   uint64_t drops[DROP_COUNT] = {};
+  void add(const TrafficCounters& o) {
+    rx_packets += o.rx_packets;
+    rx_bytes += o.rx_bytes;
+    tx_packets += o.tx_packets;
+    tx_bytes += o.tx_bytes;
+    dropped += o.dropped;
+    for (int r = 0; r < DROP_COUNT; r++) drops[r] += o.drops[r];
+  }
 };
 
-struct TenantCounters {
-  uint64_t rx_packets = 0, rx_bytes = 0, tx_packets = 0, tx_bytes = 0, dropped = 0;
-  uint64_t drops[DROP_COUNT] = {};
+struct PortCounters : TrafficCounters {
+  uint64_t rx_truncated = 0, rx_malformed = 0, rx_unknown = 0;
+  void add(const PortCounters& o) {
+    TrafficCounters::add(o);
+    rx_truncated += o.rx_truncated;
+    rx_malformed += o.rx_malformed;
+    rx_unknown += o.rx_unknown;
+  }
 };
+
+using TenantCounters = TrafficCounters;
 
 enum Stage : uint8_t { STAGE_PARSE, STAGE_EMC, STAGE_MEGAFLOW, STAGE_UPCALL, STAGE_EXECUTE, STAGE_TX, STAGE_COUNT };
 
@@ -74,7 +90,13 @@ struct PmdCounters {
   uint64_t flushes = 0;          // cache flushes after table changes
   uint64_t tunnel_pops = 0;      // VXLAN terminated before the lookup (fast_tunnel)
   uint64_t cycles[STAGE_COUNT] = {};
+  void add(const PmdCounters& o) {
+    const uint64_t* src = &o.packets;
+    uint64_t* dst = &packets;
+    for (size_t i = 0; i < sizeof(PmdCounters) / sizeof(uint64_t); i++) dst[i] += src[i];
+  }
 };
+static_assert(sizeof(PmdCounters) % sizeof(uint64_t) == 0, "PmdCounters is all uint64_t counters");
 
 constexpr int kMaxPasses = 6;
 constexpr uint32_t kChunk = 32;
