@@ -126,7 +126,7 @@ class Dpcls {
 class Emc {
  public:
   static constexpr uint32_t kEntries = 8192;
-  Emc() : e_(new Entry[kEntries]) { clear(); }
+  Emc() : e_(kEntries) { clear(); }
   Megaflow* lookup(const Flow& key, uint32_t hash) const {
     const Entry& a = e_[hash & (kEntries - 1)];
     if (a.hash == hash && a.mf && same(a.key, words(key))) return a.mf;
@@ -179,7 +179,7 @@ class Emc {
     Megaflow* mf;
     uint64_t key[kKeyWords];
   };
-  std::unique_ptr<Entry[]> e_;
+  HugeArray<Entry> e_;
 };
 
 }  // namespace dpu

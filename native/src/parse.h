@@ -147,7 +147,7 @@ inline uint8_t parse_arp(Flow* key, Packet* p, const uint8_t* d, uint32_t off, u
 
 }  // namespace parse_detail
 
-inline uint8_t parse_packet(Packet* p, Flow* key) {
+__attribute__((always_inline)) inline uint8_t parse_packet(Packet* p, Flow* key) {
   zero_fixed<kKeyBytes>(key);
   const PacketMeta& md = p->md;
   key->in_port = md.in_port;

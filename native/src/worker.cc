@@ -127,24 +127,25 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   uint32_t n_miss = 0;
   uint64_t t0 = profile_ ? cycles_now() : 0, t1;
 
-  // Parse. VXLAN for one of our VTEPs is popped here and its inner frame
-  // parsed in its place (a pass that would only have executed TNL_POP); a pop
-  // that fails drops the packet, which leaves this sub-batch.
-  Packet* live[kChunk];
-  uint32_t m = 0;
-  const bool terms = fast_tunnel_ && !tnl_terms_.empty();
   for (uint32_t i = 0; i < n; i++) {
-    Packet* p = pkts[i];
     if (i + 2 < n) __builtin_prefetch(pkts[i + 2]->data());
-    uint8_t f = parse_packet(p, &keys[m]);
+    uint8_t f = parse_packet(pkts[i], &keys[i]);
     if (__builtin_expect(first && f, 0)) {
-      PortCounters& pc = ports[in_port_[p->origin]];
+      PortCounters& pc = ports[in_port_[pkts[i]->origin]];
       pc.rx_truncated += (f & kParseTruncated) ? 1 : 0;
       pc.rx_malformed += (f & kParseMalformed) ? 1 : 0;
       pc.rx_unknown += (f & kParseUnknown) ? 1 : 0;
     }
-    if (__builtin_expect(terms, 0)) {
-      if (const TunnelTerm* t = tunnel_term(keys[m])) {
+  }
+  // VXLAN for one of our VTEPs is popped now and its inner frame parsed in its
+  // place (a pass that would only have executed TNL_POP); a pop that fails
+  // drops the packet, which leaves this sub-batch.
+  Packet* live[kChunk];
+  if (__builtin_expect(fast_tunnel_ && !tnl_terms_.empty(), 0)) {
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      Packet* p = pkts[i];
+      if (const TunnelTerm* t = tunnel_term(keys[i])) {
         pmd.passes++;  // the outer lookup this replaces
         uint16_t r = tnl_pop(p, t->pop, t->port);
         if (r != DROP_NONE) {
@@ -154,12 +155,14 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
         pmd.recirculations++;
         pmd.tunnel_pops++;
         parse_packet(p, &keys[m]);
+      } else if (m != i) {
+        keys[m] = keys[i];
       }
+      live[m++] = p;
     }
-    live[m++] = p;
+    pkts = live;
+    n = m;
   }
-  pkts = live;
-  n = m;
   // Hashed in a second loop: reading a key right after parse wrote it in
   // smaller pieces would stall on store-to-load forwarding.
   for (uint32_t i = 0; i < n; i++) {

@@ -89,7 +89,7 @@ struct Batch {
 // first). Not thread-safe: one pool per worker.
 class PacketPool {
  public:
-  explicit PacketPool(uint32_t n) : arena_(new Packet[n]), n_(n) {
+  explicit PacketPool(uint32_t n) : arena_(n), n_(n) {
     free_.reserve(n);
     for (uint32_t i = n; i-- > 0;) free_.push_back(&arena_[i]);
   }
@@ -119,7 +119,7 @@ class PacketPool {
   }
 
  private:
-  std::unique_ptr<Packet[]> arena_;
+  HugeArray<Packet> arena_;
   uint32_t n_;
   std::vector<Packet*> free_;
 };

@@ -9,8 +9,14 @@
 #include <cstdint>
 #include <cstring>
 
+#include <cstdlib>
+#include <new>
+
 #if defined(__AVX__) || defined(__SSE2__)
 #include <immintrin.h>
+#endif
+#if defined(__linux__)
+#include <sys/mman.h>
 #endif
 
 namespace dpu {
@@ -33,5 +39,39 @@ inline void zero_fixed(void* dst) {
   }
   for (; i < N; i++) p[i] = 0;
 }
+
+// Memory for the fast path's big arrays (packet pool, exact-match cache):
+// 2 MiB aligned and, on Linux, marked for transparent huge pages, so a worker's
+// hot data needs a handful of TLB entries (DPDK uses hugepages for the same
+// reason). Falls back to normal pages silently.
+inline void* huge_alloc(size_t bytes) {
+  constexpr size_t kHuge = 2u << 20;
+  size_t n = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = nullptr;
+  if (posix_memalign(&p, kHuge, n) != 0) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  madvise(p, n, MADV_HUGEPAGE);
+#endif
+  return p;
+}
+
+template <class T>
+struct HugeArray {
+  explicit HugeArray(size_t n) : n_(n), p_(static_cast<T*>(huge_alloc(n * sizeof(T)))) {
+    for (size_t i = 0; i < n; i++) new (p_ + i) T();
+  }
+  ~HugeArray() {
+    for (size_t i = 0; i < n_; i++) p_[i].~T();
+    std::free(p_);
+  }
+  HugeArray(const HugeArray&) = delete;
+  HugeArray& operator=(const HugeArray&) = delete;
+  T& operator[](size_t i) { return p_[i]; }
+  const T& operator[](size_t i) const { return p_[i]; }
+
+ private:
+  size_t n_;
+  T* p_;
+};
 
 }  // namespace dpu
