@@ -25,8 +25,6 @@ from typing import Dict, List, Optional, Tuple
 
 MAX_RESUBMIT_DEPTH = 64
 MAX_RESUBMITS = 4096
-FNV_OFFSET = 2166136261
-FNV_PRIME = 16777619
 
 ETH_IP, ETH_IPV6, ETH_ARP = 0x0800, 0x86DD, 0x0806
 VLAN_TPIDS = (0x8100, 0x88A8)
@@ -1012,26 +1010,33 @@ def set_vlan_tci(st: State, tci: int) -> None:
 
 
 def five_tuple_hash(key: Dict[str, int]) -> int:
+    M = 0xFFFFFFFF
     dt = key["dl_type"]
-    ports = b"\0\0\0\0"
-    if key["nw_proto"] in (IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP) and not key["nw_frag"] & FRAG_LATER \
-            and dt in (ETH_IP, ETH_IPV6):
-        ports = key["tp_src"].to_bytes(2, "big") + key["tp_dst"].to_bytes(2, "big")
-    if dt == ETH_IP:
-        b = key["nw_src"].to_bytes(4, "big") + key["nw_dst"].to_bytes(4, "big") + bytes([key["nw_proto"]]) + ports
-    elif dt == ETH_IPV6:
-        b = key["ipv6_src"].to_bytes(16, "big") + key["ipv6_dst"].to_bytes(16, "big") + bytes([key["nw_proto"]]) + ports
+    if dt in (ETH_IP, ETH_IPV6):
+        if dt == ETH_IP:
+            a, b = key["nw_src"], key["nw_dst"]
+        else:
+            a = b = 0
+            for k in range(4):
+                a ^= (key["ipv6_src"] >> (32 * k)) & M
+                b ^= (key["ipv6_dst"] >> (32 * k)) & M
+        c = 0
+        if key["nw_proto"] in (IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP) and not key["nw_frag"] & FRAG_LATER:
+            c = key["tp_src"] << 16 | key["tp_dst"]
+        d = key["nw_proto"]
     else:
-        b = key["dl_src"].to_bytes(6, "big") + key["dl_dst"].to_bytes(6, "big") + dt.to_bytes(2, "big")
-    h = FNV_OFFSET
-    for x in b:
-        h ^= x
-        h = (h * FNV_PRIME) & 0xFFFFFFFF
-    # README "Hashes": then MurmurHash3's 32-bit finaliser
+        s, t = key["dl_src"].to_bytes(6, "big"), key["dl_dst"].to_bytes(6, "big")
+        a = int.from_bytes(s[0:4], "big")
+        b = int.from_bytes(s[4:6] + t[0:2], "big")
+        c = int.from_bytes(t[2:6], "big")
+        d = dt
+    x = (b * 0x1B873593) & M
+    h = ((a * 0xCC9E2D51) ^ ((x << 16 | x >> 16) & M) ^ (c * 0x85EBCA6B) ^ (d * 0xC2B2AE35) ^ 0x9E3779B9) & M
+    # MurmurHash3's finaliser
     h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h = (h * 0x85EBCA6B) & M
     h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h = (h * 0xC2B2AE35) & M
     return h ^ (h >> 16)
 
 

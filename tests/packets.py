@@ -58,15 +58,17 @@ PKT_ARP = Ether(src="02:00:00:00:00:aa", dst=BROADCAST) / ARP(op=1, hwsrc="02:00
 
 
 def five_tuple_hash(src_ip, dst_ip, proto, sport, dport):
-    """README "Hashes", written out: FNV-1a 32 over the IPv4 5-tuple, then fmix32."""
+    """README "Hashes", written out for IPv4."""
     import socket
-    import struct
 
-    h = 2166136261
-    for b in socket.inet_aton(src_ip) + socket.inet_aton(dst_ip) + bytes([proto]) + struct.pack("!HH", sport, dport):
-        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    M = 0xFFFFFFFF
+    a = int.from_bytes(socket.inet_aton(src_ip), "big")
+    b = int.from_bytes(socket.inet_aton(dst_ip), "big")
+    c = sport << 16 | dport
+    x = (b * 0x1B873593) & M
+    h = ((a * 0xCC9E2D51) ^ ((x << 16 | x >> 16) & M) ^ (c * 0x85EBCA6B) ^ (proto * 0xC2B2AE35) ^ 0x9E3779B9) & M
     h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h = (h * 0x85EBCA6B) & M
     h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h = (h * 0xC2B2AE35) & M
     return h ^ (h >> 16)

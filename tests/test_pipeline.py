@@ -167,7 +167,7 @@ def test_select_group_hash_and_weights():
 
 
 def test_select_bucket_is_the_documented_hash():
-    """README 'Hashes': FNV-1a over nw_src nw_dst proto sport dport, fmix32; h % total weight."""
+    """README 'Hashes': the 5-tuple hash of the packet; h % total weight indexes the buckets."""
     dp = Dataplane(ports=PORTS)
     dp.add_group("group_id=1,type=select,bucket=weight:1,actions=output:p2,bucket=weight:2,actions=output:p3")
     dp.add_flow("actions=group:1")
