@@ -224,12 +224,13 @@ def measure(dp, pkts, ports, packets: int, repeat: int, stages: bool = False) ->
     after = dp.stats()["pmd"]
     med = statistics.median(rates)
     passes = after["passes"] - before["passes"]
+    lookups = passes - (after["tunnel_pops"] - before["tunnel_pops"])  # popped before any lookup
     out = {
         "mpps": round(med / 1e6, 3),
         "ns_per_packet": round(1e9 / med, 2),
         "runs_mpps": [round(r / 1e6, 3) for r in rates],
-        "emc_hit_rate": round((after["emc_hits"] - before["emc_hits"]) / passes, 4) if passes else 0.0,
-        "megaflow_hit_rate": round((after["megaflow_hits"] - before["megaflow_hits"]) / passes, 4) if passes else 0.0,
+        "emc_hit_rate": round((after["emc_hits"] - before["emc_hits"]) / lookups, 4) if lookups else 0.0,
+        "megaflow_hit_rate": round((after["megaflow_hits"] - before["megaflow_hits"]) / lookups, 4) if lookups else 0.0,
         "upcalls": after["upcalls"] - before["upcalls"],
         "passes_per_packet": round(passes / (after["packets"] - before["packets"]), 3),
         "megaflows": after["megaflows"],

@@ -25,7 +25,8 @@ def _die(msg: str, code: int = 2) -> None:
 
 def _build(args, port_names: Sequence[str] = ()):
     """A Dataplane from --config (topology) and/or --flows, with the ports the
-    command needs. Without --ports, the ports the flows mention are created."""
+    command needs. Without --config or --ports, the ports the command and the
+    flows mention are created; with a topology, only its own ports exist."""
     from .dataplane import Dataplane
 
     dp = Dataplane()
@@ -33,9 +34,11 @@ def _build(args, port_names: Sequence[str] = ()):
     if config:
         dp.load_topology(config)
     explicit = [p for p in (getattr(args, "ports", None) or "").split(",") if p]
+    # A topology names its ports: a port it does not have is a typo, not a new port.
+    implicit = [] if config else list(port_names)
     with dp.transaction() as t:
         have = set(dp.ports)
-        for name in list(explicit) + list(port_names):
+        for name in list(explicit) + implicit:
             if name not in have:
                 t.add_port(name)
                 have.add(name)

@@ -161,3 +161,8 @@ def test_progress_bar_on_a_terminal(monkeypatch):
     quiet = cli._Progress(True)  # a short run: nothing within the first half second
     quiet(50, 100, 10)
     assert not quiet.shown
+
+
+def test_trace_with_a_topology_refuses_unknown_ports(capsys):
+    assert main(["trace", "--config", TOPO, "--in-port", "vm9", "Ether()/IP()/UDP()"]) == 1
+    assert "unknown port 'vm9'" in capsys.readouterr().err
