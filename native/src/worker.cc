@@ -8,6 +8,7 @@
 #include "dataplane.h"
 #include "execute.h"
 #include "parse.h"
+#include "vxlan.h"
 
 #if defined(__x86_64__)
 #include <x86intrin.h>
@@ -147,7 +148,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       Packet* p = pkts[i];
       if (const TunnelTerm* t = tunnel_term(keys[i])) {
         pmd.passes++;  // the outer lookup this replaces
-        uint16_t r = tnl_pop(p, t->pop, t->port);
+        uint16_t r = vxlan_pop(p, t->pop, t->port);
         if (r != DROP_NONE) {
           drop(p, r);
           continue;
