@@ -306,14 +306,22 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("dump_groups",
            [](Dataplane& dp) {
+             std::vector<GroupDump> v;
+             {
+               py::gil_scoped_release nogil;
+               v = dp.dump_groups();
+             }
              py::list l;
-             for (const GroupDump& g : dp.dump_groups()) l.append(py::make_tuple(g.group_id, g.text, g.n_packets, g.n_bytes));
+             for (const GroupDump& g : v) l.append(py::make_tuple(g.group_id, g.text, g.n_packets, g.n_bytes));
              return l;
            })
       .def("tables",
            [](Dataplane& dp) {
              std::vector<std::array<uint64_t, 3>> v;
-             dp.table_counters(&v);
+             {
+               py::gil_scoped_release nogil;
+               dp.table_counters(&v);
+             }
              return v;
            })
       .def("stats",
@@ -414,7 +422,7 @@ PYBIND11_MODULE(_core, m) {
              const uint32_t* ln = arr_ptr(lens, n, "lens");
              const uint32_t* pt = arr_ptr(ports, n, "ports");
              for (size_t i = 0; i < n; i++)
-               if (off[i] + ln[i] > buf.size()) throw py::value_error("packet " + std::to_string(i) + " runs past the buffer");
+               if (off[i] > buf.size() || ln[i] > buf.size() - off[i]) throw py::value_error("packet " + std::to_string(i) + " runs past the buffer");
              py::array_t<uint64_t, py::array::c_style | py::array::forcecast> ts;
              const uint64_t* tsp = nullptr;
              if (!ts_obj.is_none()) {
@@ -456,7 +464,7 @@ PYBIND11_MODULE(_core, m) {
              const uint32_t* ln = arr_ptr(lens, n, "lens");
              const uint32_t* pt = arr_ptr(ports, n, "ports");
              for (size_t i = 0; i < n; i++) {
-               if (off[i] + ln[i] > buf.size()) throw py::value_error("packet runs past the buffer");
+               if (off[i] > buf.size() || ln[i] > buf.size() - off[i]) throw py::value_error("packet runs past the buffer");
                if (ln[i] > Packet::capacity()) throw py::value_error("packet larger than a buffer");
              }
              BenchStats bs;
@@ -482,21 +490,25 @@ PYBIND11_MODULE(_core, m) {
            py::keep_alive<0, 1>())
       .def("set_profile",
            [](Dataplane& dp, bool on) {
+             py::gil_scoped_release nogil;
              std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_profile(on);
            })
       .def("set_emc_insert_inv_prob",
            [](Dataplane& dp, uint32_t n) {
+             py::gil_scoped_release nogil;
              std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_emc_insert_inv_prob(n);
            })
       .def("set_fast_tunnel",
            [](Dataplane& dp, bool on) {
+             py::gil_scoped_release nogil;
              std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_fast_tunnel(on);
            })
       .def("set_max_megaflows",
            [](Dataplane& dp, size_t n) {
+             py::gil_scoped_release nogil;
              std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_max_megaflows(n);
            })

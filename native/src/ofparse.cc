@@ -639,8 +639,18 @@ Status parse_flow(std::string_view text, FlowCmd cmd, const PortNames* ports, Fl
   if (cmd == FlowCmd::DELETE || cmd == FlowCmd::MATCH_ONLY)
     return Status::At(Err::PARSE, "actions are not allowed when selecting flows", "actions", static_cast<int>(act_kw));
   out->has_actions = true;
-  return parse_actions_impl(text.substr(act_start), static_cast<int>(act_start), ports, out->table, &out->actions,
-                            &out->match);
+  s = parse_actions_impl(text.substr(act_start), static_cast<int>(act_start), ports, out->table, &out->actions,
+                         &out->match);
+  if (!s.ok()) return s;
+  if (cmd == FlowCmd::MODIFY && !out->has_table) {
+    // The new actions go to rules in every table: a goto_table must be checked
+    // against the table it will run in.
+    for (const OfAction& a : out->actions)
+      if (a.type == OfAct::GOTO_TABLE)
+        return Status::At(Err::PARSE, "goto_table in a modification needs table= (it must go to a later table)",
+                          "goto_table:" + std::to_string(a.arg), a.pos);
+  }
+  return Status::Ok();
 }
 
 Status parse_group(std::string_view text, bool need_buckets, const PortNames* ports, Group* g) {

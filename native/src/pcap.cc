@@ -207,6 +207,8 @@ bool PcapReader::next_ng(PcapRecord* rec) {
           uint64_t off;
           std::memcpy(&off, v, 8);
           ifc.offset_s = static_cast<int64_t>(swap_ ? __builtin_bswap64(off) : off);
+          if (ifc.offset_s > (int64_t{1} << 33) || ifc.offset_s < -(int64_t{1} << 33))
+            return fail("if_tsoffset out of range");
         }
         o += 4 + ((olen + 3u) & ~3u);
       }

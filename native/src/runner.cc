@@ -2,6 +2,8 @@
 // runner.h).
 #include "runner.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -62,13 +64,13 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
                                                          std::to_string(ports[i]));
   }
   Worker& w = dp->worker(0);
-  std::lock_guard<std::mutex> g(w.mu);
   uint32_t index_of[kBatchMax];
   CaptureSink sink(out, index_of);
-  w.set_sink(&sink);
   Batch b;
   size_t i = 0;
   while (i < n) {
+    // One batch at a time under the worker's lock: a commit waits at most a batch.
+    std::lock_guard<std::mutex> g(w.mu);
     b.clear();
     while (i < n && !b.full()) {
       if (lens[i] > Packet::capacity()) {
@@ -85,9 +87,12 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
       b.push(p);
       i++;
     }
-    if (b.count) w.process(b);
+    if (b.count) {
+      w.set_sink(&sink);
+      w.process(b);
+      w.set_sink(nullptr);
+    }
   }
-  w.set_sink(nullptr);
   // Input order, then the order the actions emitted (as OVS's ofproto/trace reads).
   std::stable_sort(out->pkts.begin(), out->pkts.end(), [](const MemPacket& a, const MemPacket& b) {
     return a.index != b.index ? a.index < b.index : a.seq < b.seq;
@@ -101,13 +106,13 @@ BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets
   if (n == 0) return bs;
   Worker& w = dp->worker(0);
   CountSink sink;
-  std::lock_guard<std::mutex> g(w.mu);
-  w.set_sink(&sink);
   Batch b;
   size_t next = 0;
   auto t0 = std::chrono::steady_clock::now();
   uint64_t done = 0;
   while (done < total) {
+    std::lock_guard<std::mutex> g(w.mu);  // per burst, as a live worker would
+    w.set_sink(&sink);
     b.clear();
     uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(kRxBurst, total - done));
     for (uint32_t k = 0; k < want; k++) {
@@ -119,10 +124,10 @@ BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets
       if (++next == n) next = 0;
     }
     w.process(b);
+    w.set_sink(nullptr);
     done += want;
   }
   auto t1 = std::chrono::steady_clock::now();
-  w.set_sink(nullptr);
   bs.packets = done;
   bs.seconds = std::chrono::duration<double>(t1 - t0).count();
   return bs;
@@ -156,10 +161,25 @@ Status Replayer::open() {
     if (!st.ok()) return st;
     inputs_.push_back(std::move(in));
   }
+  struct stat in_st[64];
+  size_t n_in = 0;
+  for (const ReplayInput& ri : spec_)
+    if (n_in < 64 && ::stat(ri.path.c_str(), &in_st[n_in]) == 0) n_in++;
   for (const PortInfo& p : dp_->ports()) {
     if (p.tunnel) continue;
     if (writers_->files.size() <= p.ofport) writers_->files.resize(p.ofport + 1);
     std::string path = out_dir_ + "/" + p.name + ".pcap";
+    struct stat out_st;
+    if (::stat(path.c_str(), &out_st) == 0) {
+      for (size_t i = 0; i < n_in; i++) {
+        if (in_st[i].st_dev == out_st.st_dev && in_st[i].st_ino == out_st.st_ino) {
+          Status s = Status::Error(Err::INVALID, "this input is also the output of port " + p.name +
+                                                     ": writing it would destroy it (use another --out-dir)");
+          s.file = path;
+          return s;
+        }
+      }
+    }
     auto w = std::make_unique<PcapWriter>();
     Status st = w->open(path);
     if (!st.ok()) return st;

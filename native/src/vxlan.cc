@@ -79,16 +79,24 @@ uint16_t Worker::tnl_pop(Packet* p, const TnlHeader& a, uint32_t tunnel_port) { 
 void Worker::send_too_big(Packet* p, const Flow& key, const TnlHeader& a) {
   const uint32_t in = p->md.in_port;
   if (in >= is_tunnel_.size() || is_tunnel_[in] || p->l3_ofs == kNoOffset) return;
+  // One error per arrival (a flood to several VTEPs fails once per copy), and
+  // never for broadcast/multicast or from a non-unicast source (RFC 1122 3.2.2).
+  if (icmp_sent_[p->origin]) return;
+  if ((key.dl_dst[0] & 1) || (key.dl_src[0] & 1)) return;
   const uint16_t type = be16(key.dl_type);
   const uint8_t* orig = p->data() + p->l3_ofs;
   const uint32_t orig_len = p->len - p->l3_ofs;
   const uint32_t overhead = (a.ipv6 ? 40u : 20u) + 16u + 14u;
   if (type == kEthIp) {
     if (!(be16(load16(orig + 6)) & 0x4000)) return;  // DF clear: nothing to report
+    const uint32_t src = be32(key.nw_src), dst = be32(key.nw_dst);
+    if (src == 0 || (src >> 28) == 14 || (dst >> 28) == 14 || dst == 0xffffffffu || (dst >> 24) == 0) return;
     if (key.nw_proto == kIpIcmp && (key.tp_src == be16(3) || key.tp_src == be16(11) || key.tp_src == be16(12)))
       return;  // never answer an ICMP error with one
   } else if (type == kEthIpv6) {
     if (key.nw_proto == kIpIcmpv6 && be16(key.tp_src) < 128) return;
+    static const uint8_t kZero[16] = {};
+    if (key.ipv6_dst[0] == 0xff || key.ipv6_src[0] == 0xff || std::memcmp(key.ipv6_src, kZero, 16) == 0) return;
   } else {
     return;
   }
@@ -148,6 +156,7 @@ void Worker::send_too_big(Packet* p, const Flow& key, const TnlHeader& a) {
     store16(icmp + 2, csum(icmp, plen, pseudo_sum_v6(ip + 8, ip + 24, kIpIcmpv6, plen)));
     r->len = static_cast<uint16_t>(off + 2 + 40 + plen);
   }
+  icmp_sent_[p->origin] = 1;
   emit(in, r, false);
 }
 

@@ -73,6 +73,7 @@ void Worker::process(Batch& in) {
     out_count_[i] = 0;
     reason_[i] = DROP_NONE;
     tenant_[i] = 0;
+    icmp_sent_[i] = 0;
     uint32_t port = p->md.in_port < ports.size() ? p->md.in_port : 0;
     in_port_[i] = port;
     PortCounters& pc = ports[port];
@@ -312,8 +313,12 @@ Packet* Worker::copy(Packet* p) { return pool_.clone(p); }
 void Worker::flush_tx(bool sort) {
   for (uint32_t port : tx_ports_) {
     std::vector<Packet*>& q = tx_[port];
-    auto by_origin = [](const Packet* a, const Packet* b) { return a->origin < b->origin; };
-    if (sort && !std::is_sorted(q.begin(), q.end(), by_origin)) std::stable_sort(q.begin(), q.end(), by_origin);
+    // Arrival order, then emission order: a total order, so std::sort (which,
+    // unlike stable_sort, never allocates) keeps each arrival's copies in order.
+    auto by_origin = [](const Packet* a, const Packet* b) {
+      return a->origin != b->origin ? a->origin < b->origin : a->emit_seq < b->emit_seq;
+    };
+    if (sort && !std::is_sorted(q.begin(), q.end(), by_origin)) std::sort(q.begin(), q.end(), by_origin);
     if (sink_) sink_->send(port, q.data(), static_cast<uint32_t>(q.size()));
     pmd.tx_batches++;
     pmd.tx_packets += q.size();

@@ -178,6 +178,7 @@ class Worker {
   uint16_t out_count_[kBatchMax];
   uint16_t reason_[kBatchMax];
   uint16_t tenant_[kBatchMax];
+  uint8_t icmp_sent_[kBatchMax];
   uint32_t in_port_[kBatchMax];
   bool recirculated_ = false;
   uint32_t emit_seq_ = 0;

@@ -139,36 +139,57 @@ class Ctx {
   }
 
   // ---- tables --------------------------------------------------------------------
+  // Looks the packet up in table t and runs the rule's actions; a goto_table
+  // (always a rule's last action, always to a later table) continues here in
+  // a loop rather than by recursion, so a chain through every table costs no
+  // stack.
   void do_table(uint8_t t) {
-    if (exit_) return;
     uint8_t saved = table_;
-    table_ = t;
-    Flow m{};
-    const RulePtr* rp = env_.tables[t].lookup(flow_, &m);
-    const Rule* r = rp ? rp->get() : nullptr;
-    uw(m);
-    XcacheEntry te;
-    te.kind = XcacheEntry::TABLE;
-    te.table = t;
-    te.matched = r != nullptr;
-    out_.xcache.push_back(te);
-    if (!r) {
-      event(TraceEvent::MISS, "No match.", t);
-      reason_ = DROP_TABLE_MISS;
-      table_ = saved;
-      return;
+    for (;;) {
+      if (exit_) break;
+      table_ = t;
+      Flow m{};
+      const RulePtr* rp = env_.tables[t].lookup(flow_, &m);
+      const Rule* r = rp ? rp->get() : nullptr;
+      uw(m);
+      XcacheEntry te;
+      te.kind = XcacheEntry::TABLE;
+      te.table = t;
+      te.matched = r != nullptr;
+      out_.xcache.push_back(te);
+      if (!r) {
+        event(TraceEvent::MISS, "No match.", t);
+        reason_ = DROP_TABLE_MISS;
+        break;
+      }
+      XcacheEntry re;
+      re.kind = XcacheEntry::RULE;
+      re.table = t;
+      re.rule = *rp;  // keeps the rule alive for crediting even after it is deleted
+      out_.xcache.push_back(re);
+      if (trace_) event(TraceEvent::TABLE, format_match(r->match, r->priority, false, env_.ports), t, r);
+      if (r->actions.empty()) {
+        reason_ = DROP_ACTION_DROP;
+        event(TraceEvent::ACTION, "drop");
+      }
+      const std::vector<OfAction>& acts = r->actions;
+      bool go = !acts.empty() && acts.back().type == OfAct::GOTO_TABLE;
+      for (size_t i = 0; i + (go ? 1 : 0) < acts.size(); i++) {
+        if (exit_) break;
+        if (trace_) event(TraceEvent::ACTION, format_actions({acts[i]}, env_.ports));
+        do_action(acts[i]);
+      }
+      if (!go || exit_) break;
+      if (trace_) event(TraceEvent::ACTION, format_actions({acts.back()}, env_.ports));
+      uint8_t next = static_cast<uint8_t>(acts.back().arg);
+      if (next <= t) {  // never committed (ofparse/dataplane refuse it); refuse to loop anyway
+        event(TraceEvent::NOTE, "goto_table to an earlier table: packet dropped");
+        reason_ = DROP_RESUBMIT_LIMIT;
+        error_ = exit_ = true;
+        break;
+      }
+      t = next;
     }
-    XcacheEntry re;
-    re.kind = XcacheEntry::RULE;
-    re.table = t;
-    re.rule = *rp;  // keeps the rule alive for crediting even after it is deleted
-    out_.xcache.push_back(re);
-    if (trace_) event(TraceEvent::TABLE, format_match(r->match, r->priority, false, env_.ports), t, r);
-    if (r->actions.empty()) {
-      reason_ = DROP_ACTION_DROP;
-      event(TraceEvent::ACTION, "drop");
-    }
-    do_actions(r->actions);
     table_ = saved;
   }
 
@@ -277,28 +298,34 @@ class Ctx {
         bool tagged = tci & kVlanPresent;
         if (a.type == OfAct::PUSH_VLAN && tagged) {
           // A second tag goes on the packet now; the key describes the outer
-          // tag (a copy of the inner one's TCI, as OpenFlow) and the inner one
-          // waits on tags_ for a pop to bring it back.
+          // tag (a copy of the inner one's TCI, as OpenFlow, so that TCI is now
+          // a constant of the megaflow) and the inner one waits on tags_ for a
+          // pop to bring it back.
           commit();
+          uw_field(FieldId::VLAN_TCI);
           DpAction d;
           d.type = Dp::PUSH_VLAN;
           d.tpid = static_cast<uint16_t>(a.arg);
           d.tci = static_cast<uint16_t>(tci & ~kVlanPresent);
           out_.actions.push_back(d);
-          tags_.push_back({flow_.vlan_tpid, flow_.vlan_tci});
+          tags_.push_back({flow_.vlan_tpid, flow_.vlan_tci, written_.vlan_tpid, written_.vlan_tci});
           flow_.vlan_tpid = be16(static_cast<uint16_t>(a.arg));
           base_.vlan_tpid = flow_.vlan_tpid;
+          written_.vlan_tpid = 0xffff;
           return;
         }
+        uint16_t bits = 0xffff;  // a new tag: every bit of it is written
         if (!tagged) {
           tci = kVlanPresent;
           flow_.vlan_tpid = be16(a.type == OfAct::PUSH_VLAN ? static_cast<uint16_t>(a.arg) : kEthVlan);
+          written_.vlan_tpid = 0xffff;
+          pending_.vlan_tpid = 0xffff;
+        } else {
+          bits = a.type == OfAct::MOD_VLAN_VID ? 0x0fff : a.type == OfAct::MOD_VLAN_PCP ? 0xe000 : 0;
         }
         if (a.type == OfAct::MOD_VLAN_VID) tci = static_cast<uint16_t>((tci & ~0x0fff) | a.arg);
         if (a.type == OfAct::MOD_VLAN_PCP) tci = static_cast<uint16_t>((tci & ~0xe000) | (a.arg << 13));
-        write_field(field_def(FieldId::VLAN_TCI), tci, 0xffff);
-        written_.vlan_tpid = 0xffff;
-        pending_.vlan_tpid = 0xffff;
+        if (bits) write_field(field_def(FieldId::VLAN_TCI), tci, bits);
         return;
       }
       case OfAct::POP_VLAN:
@@ -306,13 +333,17 @@ class Ctx {
         uw(vlan_present_mask());
         if (!(flow_.vlan_tci & be16(kVlanPresent))) return;
         if (!tags_.empty()) {
-          // Popping a tag this walk pushed: the one below shows again.
+          // Popping a tag this walk pushed: the one below shows again, with
+          // whatever of it was written (or not) before the push.
           commit();
           DpAction d;
           d.type = Dp::POP_VLAN;
           out_.actions.push_back(d);
-          flow_.vlan_tpid = base_.vlan_tpid = tags_.back().first;
-          flow_.vlan_tci = base_.vlan_tci = tags_.back().second;
+          const VlanSave& v = tags_.back();
+          flow_.vlan_tpid = base_.vlan_tpid = v.tpid;
+          flow_.vlan_tci = base_.vlan_tci = v.tci;
+          written_.vlan_tpid = v.written_tpid;
+          written_.vlan_tci = v.written_tci;
           tags_.pop_back();
           return;
         }
@@ -335,8 +366,7 @@ class Ctx {
         write_field(field_def(FieldId::NW_TTL), flow_.nw_ttl - 1, 0xff);
         return;
       }
-      case OfAct::GOTO_TABLE:
-        do_table(static_cast<uint8_t>(a.arg));
+      case OfAct::GOTO_TABLE:  // handled by do_table (a group bucket cannot hold one)
         return;
       case OfAct::RESUBMIT: {
         if (depth_ >= kMaxDepth || ++resubmits_ > kMaxResubmits) {
@@ -568,7 +598,8 @@ class Ctx {
       } else if (bt && !ft) {
         a.type = Dp::POP_VLAN;
         out_.actions.push_back(a);
-      } else if (bt && ft && f.vlan_tpid != base_.vlan_tpid) {
+      } else if (bt && ft && (out_.wc.vlan_tpid = 0xffff, f.vlan_tpid != base_.vlan_tpid)) {
+        // (base_ holds the packet's own TPID: it is read even if the flow's was written)
         // Same tag position, other TPID: replace the tag.
         a.type = Dp::POP_VLAN;
         out_.actions.push_back(a);
@@ -604,6 +635,8 @@ class Ctx {
       m[7] = p.nw_ttl;
       std::memcpy(v + 8, f.ipv6_src, 32);
       std::memcpy(m + 8, p.ipv6_src, 32);
+      // Which L4 checksum an address change touches depends on the protocol.
+      if (bytes_nonzero(p.ipv6_src, 32)) uw_field(FieldId::NW_PROTO);
       emit_set(Dp::SET_IPV6, v, m, 0, 8);
       emit_set(Dp::SET_IPV6, v, m, 8, 24, 8, 40, f.nw_proto);
       emit_set(Dp::SET_IPV6, v, m, 24, 40, 8, 40, f.nw_proto);
@@ -658,7 +691,10 @@ class Ctx {
   XlateOut& out_;
   std::vector<TraceEvent>* trace_;
   Flow flow_{}, base_{}, pending_{}, written_{};
-  std::vector<std::pair<uint16_t, uint16_t>> tags_;  // (tpid, tci) under tags pushed this walk
+  struct VlanSave {
+    uint16_t tpid, tci, written_tpid, written_tci;
+  };
+  std::vector<VlanSave> tags_;  // tags under the ones pushed this walk
   int depth_ = 0, resubmits_ = 0;
   uint8_t table_ = 0;
   bool exit_ = false, error_ = false;
