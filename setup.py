@@ -34,8 +34,9 @@ def _host_isa():
 
 
 CXXFLAGS += _host_isa()
-if os.environ.get("DPU_DEBUG"):
-    CXXFLAGS = [f for f in CXXFLAGS if f != "-O3"] + ["-O0", "-g", "-fsanitize=address,undefined"]
+SANITIZE = ["-fsanitize=address,undefined", "-fno-wrapv"] if os.environ.get("DPU_DEBUG") else []
+if SANITIZE:  # DPU_DEBUG=1: both extensions under ASan+UBSan (preload libasan/libubsan to run)
+    CXXFLAGS = [f for f in CXXFLAGS if f != "-O3"] + ["-O0", "-g"] + SANITIZE
 
 CORE_SOURCES = sorted(glob("native/src/*.cc")) + ["native/bindings/module.cc"]
 HEADERS = sorted(glob("native/include/dpu/*")) + sorted(glob("native/src/*.h"))
@@ -48,7 +49,7 @@ ext_modules = [
         cxx_std=17,
         depends=HEADERS,
         extra_compile_args=CXXFLAGS,
-        extra_link_args=["-fsanitize=address,undefined"] if os.environ.get("DPU_DEBUG") else [],
+        extra_link_args=SANITIZE,
     ),
 ]
 
@@ -58,7 +59,8 @@ cython_exts = [
         ["dpu/_gen.pyx", "native/src/pcap.cc"],
         include_dirs=["native/include", "native/src"],
         language="c++",
-        extra_compile_args=["-O3", "-std=c++17"],
+        extra_compile_args=(["-O0", "-g"] + SANITIZE if SANITIZE else ["-O3"]) + ["-std=c++17"],
+        extra_link_args=SANITIZE,
     ),
 ]
 if all(os.path.exists(e.sources[0]) for e in cython_exts):

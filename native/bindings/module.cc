@@ -463,9 +463,15 @@ PYBIND11_MODULE(_core, m) {
              const uint64_t* off = arr_ptr(offsets, n, "offsets");
              const uint32_t* ln = arr_ptr(lens, n, "lens");
              const uint32_t* pt = arr_ptr(ports, n, "ports");
+             std::vector<uint8_t> known;
+             for (const PortInfo& p : dp.ports()) {
+               if (known.size() <= p.ofport) known.resize(p.ofport + 1);
+               known[p.ofport] = 1;
+             }
              for (size_t i = 0; i < n; i++) {
                if (off[i] > buf.size() || ln[i] > buf.size() - off[i]) throw py::value_error("packet runs past the buffer");
                if (ln[i] > Packet::capacity()) throw py::value_error("packet larger than a buffer");
+               if (pt[i] >= known.size() || !known[pt[i]]) raise_status(Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(pt[i])));
              }
              BenchStats bs;
              {
