@@ -187,6 +187,15 @@ PYBIND11_MODULE(_core, m) {
       zero_fixed<kKeyBytes>(buf + 1);
       for (size_t i = 0; i < sizeof buf; i++)
         if (buf[i] != ((i >= 1 && i < 1 + kKeyBytes) ? 0 : 0xaa)) mismatches++;
+      // copy_frame against memcpy, every length around its vector cases
+      uint8_t src[180], dst[200], ref[200];
+      for (size_t i = 0; i < sizeof src; i++) src[i] = static_cast<uint8_t>(rnd());
+      size_t len = rnd() % 170, at = rnd() % 8;
+      std::memset(dst, 0x55, sizeof dst);
+      std::memset(ref, 0x55, sizeof ref);
+      copy_frame(dst + at, src + 3, len);
+      std::memcpy(ref + at, src + 3, len);
+      if (std::memcmp(dst, ref, sizeof dst) != 0) mismatches++;
     }
     std::vector<uint8_t> seen_fast(1 << 16), seen_plain(1 << 16);
     for (int i = 0; i < (1 << 16); i++) {

@@ -79,7 +79,7 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
         continue;
       }
       Packet* p = w.pool().get();
-      std::memcpy(p->data(), data + offsets[i], lens[i]);
+      copy_frame(p->data(), data + offsets[i], lens[i]);
       p->len = static_cast<uint16_t>(lens[i]);
       p->md.in_port = ports[i];
       p->md.timestamp_ns = ts ? ts[i] : 0;
@@ -118,7 +118,7 @@ BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets
     for (uint32_t k = 0; k < want; k++) {
       Packet* p = w.pool().get();
       p->len = static_cast<uint16_t>(lens[next]);
-      std::memcpy(p->data(), data + offsets[next], lens[next]);
+      copy_frame(p->data(), data + offsets[next], lens[next]);
       p->md.in_port = ports[next];
       b.push(p);
       if (++next == n) next = 0;
@@ -222,7 +222,7 @@ bool Replayer::run(uint64_t max_packets, Status* st) {
           count_oversize(w, best->port, r.caplen);
         } else {
           Packet* p = w.pool().get();
-          std::memcpy(p->data(), r.data, r.caplen);
+          copy_frame(p->data(), r.data, r.caplen);
           p->len = static_cast<uint16_t>(r.caplen);
           p->md.in_port = best->port;
           p->md.timestamp_ns = r.ts_ns;
