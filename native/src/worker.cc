@@ -117,6 +117,42 @@ void Worker::process(Batch& in) {
   if ((++batch_count_ & 1023) == 0) dpcls_.resort();
 }
 
+// Stage 1: parse every packet of a sub-batch into keys[]. When the worker
+// terminates VXLAN (kTerms), a frame for one of our VTEPs is popped as soon as
+// its outer key says so and the inner frame is parsed into the same slot (a
+// pass that would only have executed TNL_POP); a pop that fails drops the
+// packet, which leaves the sub-batch. Returns the packets left, in live[].
+template <bool kTerms>
+uint32_t Worker::parse_stage(Packet** pkts, uint32_t n, Flow* keys, Packet** live, bool first) {
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    Packet* p = pkts[i];
+    if (i + 2 < n) __builtin_prefetch(pkts[i + 2]->data());
+    uint8_t f = parse_packet(p, &keys[m]);
+    if (__builtin_expect(first && f, 0)) {
+      PortCounters& pc = ports[in_port_[p->origin]];
+      pc.rx_truncated += (f & kParseTruncated) ? 1 : 0;
+      pc.rx_malformed += (f & kParseMalformed) ? 1 : 0;
+      pc.rx_unknown += (f & kParseUnknown) ? 1 : 0;
+    }
+    if (kTerms) {
+      if (const TunnelTerm* t = tunnel_term(keys[m])) {
+        pmd.passes++;  // the outer lookup this replaces
+        uint16_t r = vxlan_pop(p, t->pop, t->port);
+        if (r != DROP_NONE) {
+          drop(p, r);
+          continue;
+        }
+        pmd.recirculations++;
+        pmd.tunnel_pops++;
+        parse_packet(p, &keys[m]);
+      }
+    }
+    live[m++] = p;
+  }
+  return m;
+}
+
 // One sub-batch, in stages so that each stage's memory accesses were
 // prefetched by the previous one: parse + hash (prefetch the EMC slots), EMC
 // (prefetch each hit's megaflow), megaflow cache, upcalls, then the actions
@@ -129,42 +165,10 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   uint32_t n_miss = 0;
   uint64_t t0 = profile_ ? cycles_now() : 0, t1;
 
-  for (uint32_t i = 0; i < n; i++) {
-    if (i + 2 < n) __builtin_prefetch(pkts[i + 2]->data());
-    uint8_t f = parse_packet(pkts[i], &keys[i]);
-    if (__builtin_expect(first && f, 0)) {
-      PortCounters& pc = ports[in_port_[pkts[i]->origin]];
-      pc.rx_truncated += (f & kParseTruncated) ? 1 : 0;
-      pc.rx_malformed += (f & kParseMalformed) ? 1 : 0;
-      pc.rx_unknown += (f & kParseUnknown) ? 1 : 0;
-    }
-  }
-  // VXLAN for one of our VTEPs is popped now and its inner frame parsed in its
-  // place (a pass that would only have executed TNL_POP); a pop that fails
-  // drops the packet, which leaves this sub-batch.
   Packet* live[kChunk];
-  if (__builtin_expect(fast_tunnel_ && !tnl_terms_.empty(), 0)) {
-    uint32_t m = 0;
-    for (uint32_t i = 0; i < n; i++) {
-      Packet* p = pkts[i];
-      if (const TunnelTerm* t = tunnel_term(keys[i])) {
-        pmd.passes++;  // the outer lookup this replaces
-        uint16_t r = vxlan_pop(p, t->pop, t->port);
-        if (r != DROP_NONE) {
-          drop(p, r);
-          continue;
-        }
-        pmd.recirculations++;
-        pmd.tunnel_pops++;
-        parse_packet(p, &keys[m]);
-      } else if (m != i) {
-        keys[m] = keys[i];
-      }
-      live[m++] = p;
-    }
-    pkts = live;
-    n = m;
-  }
+  if (__builtin_expect(fast_tunnel_ && !tnl_terms_.empty(), 0)) n = parse_stage<true>(pkts, n, keys, live, first);
+  else n = parse_stage<false>(pkts, n, keys, live, first);
+  pkts = live;
   // Hashed in a second loop: reading a key right after parse wrote it in
   // smaller pieces would stall on store-to-load forwarding.
   for (uint32_t i = 0; i < n; i++) {

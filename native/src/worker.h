@@ -134,6 +134,8 @@ class Worker {
   friend class Executor;
   void sync_version();
   void pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool first);
+  template <bool kTerms>
+  uint32_t parse_stage(Packet** pkts, uint32_t n, Flow* keys, Packet** live, bool first);
   // execute.h: inlined into the batch loop; clones recurse through the
   // out-of-line run_actions_nested (execute.cc).
   __attribute__((always_inline)) inline void run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n,
