@@ -1050,6 +1050,48 @@ def test_fast_tunnel_termination_matches_the_plain_path(data):
     assert sa["pmd"]["recirculations"] == sb["pmd"]["recirculations"]
 
 
+def test_fast_tunnel_raw_shape_and_its_fallbacks():
+    """The fast path recognises the usual outer header from the frame bytes (IPv4, 20-byte
+    header, total length = frame, no fragment); every other shape takes the parsed path.
+    Each variant must come out exactly as on the plain path, and only the usual shape
+    may be counted as a fast pop on the first pass."""
+    m = EXAMPLE
+    T = next(t for t in m.per.values() if t.vteps and t.ports)
+    vtep = sorted(T.vteps)[0]
+    (pm, pi) = next(iter(T.ports.values()))
+    inner = eth(pm, mac("02:00:00:00:0c:0c"), ETH_IP, ipv4(ipb("10.0.0.222"), pi, 17, udp_seg(1, 2, b"raw")))
+    seg = udp_seg(50000, m.vxlan_port, vxlan_hdr(0x08, T.vni) + inner)
+    assert not m.v6
+
+    def frame(ip, pad=b""):
+        return eth(m.up_mac, m.nh_mac, ETH_IP, ip) + pad
+
+    variants = {
+        "usual": frame(ipv4(vtep, m.my_ip, 17, seg)),
+        "options": frame(ipv4(vtep, m.my_ip, 17, seg, opts=b"\x01\x01\x01\x00")),
+        "trailer": frame(ipv4(vtep, m.my_ip, 17, seg), pad=b"\0" * 6),
+        "long total": frame(ipv4(vtep, m.my_ip, 17, seg, tot=20 + len(seg) + 4)),
+        "fragment": frame(ipv4(vtep, m.my_ip, 17, seg, frag=0x2000)),
+        "bad checksum": frame(ipv4(vtep, m.my_ip, 17, seg, good_csum=False)),
+        "other address": frame(ipv4(vtep, ipb("192.0.2.250"), 17, seg)),
+    }
+    for name, f in variants.items():
+        fast = Dataplane.from_topology(TOPO)
+        plain = Dataplane.from_topology(TOPO)
+        plain._core.set_fast_tunnel(False)
+        a = run_and_check(fast, m, [(m.up, f)])
+        b = run_and_check(plain, m, [(m.up, f)])
+        assert [(o.port, o.data) for o in a] == [(o.port, o.data) for o in b], name
+        sa, sb = fast.stats(), plain.stats()
+        assert sa["ports"] == sb["ports"] and sa["tenants"] == sb["tenants"], name
+        if name == "usual":
+            assert [o.port for o in a] == [next(p for p, v in T.ports.items() if v == (pm, pi))]
+        if name in ("usual", "options", "trailer", "long total"):
+            assert sa["pmd"]["tunnel_pops"] == 1, name
+        else:
+            assert sa["pmd"]["tunnel_pops"] == 0 and not a, name
+
+
 # ---- one explicit case per attack (fixture table: description, port, packet, verdict) ----------------
 
 def _nested(inner_vni, inner_dst_mac, outer_vni=BLUE_VNI, outer_vtep=VTEP_BLUE):

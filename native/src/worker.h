@@ -177,6 +177,7 @@ class Worker {
   std::vector<uint8_t> is_underlay_;      // by ofport
   bool fast_tunnel_ = true;
   const TunnelTerm* tunnel_term(const Flow& k) const;
+  inline const TunnelTerm* tunnel_term_raw(const Packet* p) const;
   uint16_t out_count_[kBatchMax];
   uint16_t reason_[kBatchMax];
   uint16_t tenant_[kBatchMax];
