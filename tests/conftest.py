@@ -2,6 +2,7 @@
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -34,3 +35,19 @@ def netns_ok():
     if not can_netns():
         pytest.skip("needs root and network namespaces (CI runs as root)")
     return True
+
+
+@pytest.fixture
+def run_python():
+    """Runs Python code in a child interpreter with this checkout importable: for
+    what could crash or bloat the test process. Asserts a zero exit status and
+    returns the child's stdout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def run(code: str, timeout: int = 120) -> str:
+        env = {**os.environ, "PYTHONPATH": root}
+        r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                           timeout=timeout, env=env)
+        assert r.returncode == 0, f"exit status {r.returncode}: {r.stderr[-2000:]}"
+        return r.stdout
+    return run

@@ -171,10 +171,8 @@ def test_cli_replay_bad_flow_file_reports_line(tmp_path, capsys):
     assert f"{rules}:2:" in err and "nw_dst" in err
 
 
-def test_replay_streams_inputs_larger_than_its_memory(tmp_path):
+def test_replay_streams_inputs_larger_than_its_memory(tmp_path, run_python):
     """A 240 MB capture replays in a process whose peak memory stays far below it."""
-    import subprocess
-    import sys
 
     from dpu import gen
 
@@ -189,9 +187,7 @@ def test_replay_streams_inputs_larger_than_its_memory(tmp_path):
             f"s = dp.replay({{'a': {str(src)!r}}}, {str(tmp_path / 'o')!r});"
             "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0];"
             "print(s.packets_in, s.packets_out, hwm)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    pin, pout, maxrss_kb = r.stdout.split()
+    pin, pout, maxrss_kb = run_python(code, timeout=300).split()
     assert (pin, pout) == (str(n), str(n))
     peak_mb = int(maxrss_kb) / 1024
     assert peak_mb < 150, f"replay peaked at {peak_mb:.0f} MB for a {src.stat().st_size / 1e6:.0f} MB input"

@@ -71,9 +71,7 @@ bool Worker::tnl_push(Packet* p, const Flow& key, const DpAction& act) {
   return true;
 }
 
-uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) { return tnl_pop(p, *act.tnl, act.port); }
-
-uint16_t Worker::tnl_pop(Packet* p, const TnlHeader& a, uint32_t tunnel_port) { return vxlan_pop(p, a, tunnel_port); }
+uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) { return vxlan_pop(p, *act.tnl, act.port); }
 
 // ICMP "fragmentation needed" / ICMPv6 "packet too big" back to the sender,
 // addressed from the original destination (as Linux does for bridged tunnels).

@@ -151,7 +151,6 @@ class Worker {
  public:
   // Validates and strips VXLAN; DROP_NONE on success (also used by trace).
   static uint16_t tnl_pop(Packet* p, const DpAction& a);
-  static uint16_t tnl_pop(Packet* p, const TnlHeader& a, uint32_t tunnel_port);
 
  private:
   void send_too_big(Packet* p, const Flow& key, const TnlHeader& a);
