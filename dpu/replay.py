@@ -63,8 +63,9 @@ class ReplaySummary:
 
 def _port_delta(after: dict, before: Optional[dict]) -> dict:
     out = {}
-    for k in ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "dropped", "rx_truncated", "rx_malformed", "rx_unknown"):
-        out[k] = after[k] - (before[k] if before else 0)
+    for k, v in after.items():  # every counter the core reports (counters.def)
+        if isinstance(v, int):
+            out[k] = v - (before[k] if before else 0)
     drops = {}
     for r, v in after["drops"].items():
         d = v - (before["drops"].get(r, 0) if before else 0)

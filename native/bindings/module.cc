@@ -136,13 +136,30 @@ py::dict drops_dict(const uint64_t* drops) {
 
 py::dict traffic_dict(const TrafficCounters& c) {
   py::dict p;
-  p["rx_packets"] = c.rx_packets;
-  p["rx_bytes"] = c.rx_bytes;
-  p["tx_packets"] = c.tx_packets;
-  p["tx_bytes"] = c.tx_bytes;
-  p["dropped"] = c.dropped;
+#define DPU_TRAFFIC_COUNTER(m, h) p[#m] = c.m;
+#include "dpu/counters.def"
+#undef DPU_TRAFFIC_COUNTER
   p["drops"] = drops_dict(c.drops);
   return p;
+}
+
+py::dict port_counters_dict(const PortCounters& c) {
+  py::dict p = traffic_dict(c);
+#define DPU_PORT_COUNTER(m, h) p[#m] = c.m;
+#include "dpu/counters.def"
+#undef DPU_PORT_COUNTER
+  return p;
+}
+
+py::dict worker_counters_dict(const PmdCounters& c) {
+  py::dict d;
+#define DPU_WORKER_COUNTER(m, n, h) d[n] = c.m;
+#include "dpu/counters.def"
+#undef DPU_WORKER_COUNTER
+  py::dict cyc;
+  for (int i = 0; i < STAGE_COUNT; i++) cyc[kStageNames[i]] = c.cycles[i];
+  d["cycles"] = cyc;
+  return d;
 }
 
 const TxnOp::Kind kOpKinds[] = {TxnOp::ADD_FLOW, TxnOp::MOD_FLOWS, TxnOp::MOD_FLOWS_STRICT, TxnOp::DEL_FLOWS,
@@ -150,11 +167,53 @@ const TxnOp::Kind kOpKinds[] = {TxnOp::ADD_FLOW, TxnOp::MOD_FLOWS, TxnOp::MOD_FL
 const char* const kOpNames[] = {"add_flow", "mod_flows", "mod_flows_strict", "del_flows",
                                 "del_flows_strict", "add_group", "mod_group", "del_groups"};
 
-}  // namespace
+// One transaction from Python: ports to add and delete, flow/group ops as
+// (kind, text), tenants (None: unchanged), create_ports. Applied atomically.
+py::dict apply_txn(Dataplane& dp, const py::list& add_ports, const std::vector<std::string>& del_ports,
+                   const std::vector<std::pair<std::string, std::string>>& ops, const py::object& tenants,
+                   bool create_ports) {
+  Txn txn;
+  for (const auto& p : add_ports) txn.add_ports.push_back(port_spec(p.cast<py::dict>()));
+  txn.del_ports = del_ports;
+  for (const auto& op : ops) {
+    TxnOp o;
+    bool found = false;
+    for (size_t k = 0; k < 8; k++)
+      if (op.first == kOpNames[k]) {
+        o.kind = kOpKinds[k];
+        found = true;
+      }
+    if (!found) throw py::value_error("unknown operation " + op.first);
+    o.text = op.second;
+    txn.ops.push_back(std::move(o));
+  }
+  if (!tenants.is_none()) {
+    txn.set_tenants = true;
+    for (const auto& t : tenants.cast<std::vector<std::pair<std::string, uint64_t>>>())
+      txn.tenants.push_back({t.first, t.second});
+  }
+  txn.create_ports = create_ports;
+  TxnResult res;
+  Status st;
+  {
+    py::gil_scoped_release nogil;
+    st = dp.apply(txn, &res);
+  }
+  check(st);
+  py::dict d;
+  d["flows_added"] = res.flows_added;
+  d["flows_modified"] = res.flows_modified;
+  d["flows_deleted"] = res.flows_deleted;
+  d["groups_added"] = res.groups_added;
+  d["groups_modified"] = res.groups_modified;
+  d["groups_deleted"] = res.groups_deleted;
+  d["ports_added"] = res.ports_added;
+  d["version"] = res.version;
+  return d;
+}
 
-PYBIND11_MODULE(_core, m) {
-  m.doc() = "dpu native core (see native/ and DESIGN.md)";
-
+// ---- module-level helpers: clock calibration, self-tests, drop reasons -------------------
+void bind_module_functions(py::module_& m) {
   m.def("tsc_hz", [] {
     // Calibrates the cycle counter the worker's stage profiler reads.
     auto t0 = std::chrono::steady_clock::now();
@@ -218,6 +277,10 @@ PYBIND11_MODULE(_core, m) {
     return v;
   });
 
+}
+
+// ---- the streaming pcap replayer ------------------------------------------------------------
+void bind_replayer(py::module_& m) {
   py::class_<Replayer>(m, "Replayer")
       .def("run",
            [](Replayer& r, uint64_t max_packets) {
@@ -238,53 +301,16 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("bytes_done", &Replayer::bytes_done)
       .def_property_readonly("bytes_total", &Replayer::bytes_total)
       .def("outputs", &Replayer::outputs);
+}
 
-  py::class_<Dataplane>(m, "Dataplane")
-      .def(py::init<>())
+using DataplaneClass = py::class_<Dataplane>;
+
+// ---- control: transactions, ports, tenants, dumps ----------------------------------------------
+void bind_control(DataplaneClass& c) {
+  c.def(py::init<>())
       .def(
           "apply",
-          [](Dataplane& dp, const py::list& add_ports, const std::vector<std::string>& del_ports,
-             const std::vector<std::pair<std::string, std::string>>& ops, const py::object& tenants,
-             bool create_ports) {
-            Txn txn;
-            for (const auto& p : add_ports) txn.add_ports.push_back(port_spec(p.cast<py::dict>()));
-            txn.del_ports = del_ports;
-            for (const auto& op : ops) {
-              TxnOp o;
-              bool found = false;
-              for (size_t k = 0; k < 8; k++)
-                if (op.first == kOpNames[k]) {
-                  o.kind = kOpKinds[k];
-                  found = true;
-                }
-              if (!found) throw py::value_error("unknown operation " + op.first);
-              o.text = op.second;
-              txn.ops.push_back(std::move(o));
-            }
-            if (!tenants.is_none()) {
-              txn.set_tenants = true;
-              for (const auto& t : tenants.cast<std::vector<std::pair<std::string, uint64_t>>>())
-                txn.tenants.push_back({t.first, t.second});
-            }
-            txn.create_ports = create_ports;
-            TxnResult res;
-            Status st;
-            {
-              py::gil_scoped_release nogil;
-              st = dp.apply(txn, &res);
-            }
-            check(st);
-            py::dict d;
-            d["flows_added"] = res.flows_added;
-            d["flows_modified"] = res.flows_modified;
-            d["flows_deleted"] = res.flows_deleted;
-            d["groups_added"] = res.groups_added;
-            d["groups_modified"] = res.groups_modified;
-            d["groups_deleted"] = res.groups_deleted;
-            d["ports_added"] = res.ports_added;
-            d["version"] = res.version;
-            return d;
-          },
+          apply_txn,
           py::arg("add_ports"), py::arg("del_ports"), py::arg("ops"), py::arg("tenants"), py::arg("create_ports"))
       .def("ports",
            [](Dataplane& dp) {
@@ -332,8 +358,12 @@ PYBIND11_MODULE(_core, m) {
                dp.table_counters(&v);
              }
              return v;
-           })
-      .def("stats",
+           });
+}
+
+// ---- counters ------------------------------------------------------------------------------------
+void bind_counters(DataplaneClass& c) {
+  c.def("stats",
            [](Dataplane& dp) {
              Totals t;
              {
@@ -342,42 +372,21 @@ PYBIND11_MODULE(_core, m) {
              }
              py::dict d;
              py::dict ports;
-             for (const auto& pc : t.ports) {
-               const PortCounters& c = pc.second;
-               py::dict p = traffic_dict(c);
-               p["rx_truncated"] = c.rx_truncated;
-               p["rx_malformed"] = c.rx_malformed;
-               p["rx_unknown"] = c.rx_unknown;
-               ports[py::int_(pc.first)] = p;
-             }
+             for (const auto& pc : t.ports) ports[py::int_(pc.first)] = port_counters_dict(pc.second);
              d["ports"] = ports;
              py::list tenants;
              for (const TenantCounters& c : t.tenants) tenants.append(traffic_dict(c));
              d["tenants"] = tenants;
-             const PmdCounters& p = t.pmd;
-             py::dict pmd;
-             pmd["packets"] = p.packets;
-             pmd["passes"] = p.passes;
-             pmd["recirculations"] = p.recirculations;
-             pmd["emc_hits"] = p.emc_hits;
-             pmd["megaflow_hits"] = p.megaflow_hits;
-             pmd["subtable_probes"] = p.subtable_probes;
-             pmd["upcalls"] = p.upcalls;
-             pmd["upcall_no_install"] = p.upcall_no_install;
-             pmd["batches"] = p.batches;
-             pmd["tx_batches"] = p.tx_batches;
-             pmd["tx_packets"] = p.tx_packets;
-             pmd["cache_flushes"] = p.flushes;
-             pmd["tunnel_pops"] = p.tunnel_pops;
+             py::dict pmd = worker_counters_dict(t.pmd);
              pmd["megaflows"] = t.megaflows;
-             static const char* stages[] = {"parse", "emc", "megaflow", "upcall", "execute", "tx"};
-             py::dict cyc;
-             for (int i = 0; i < STAGE_COUNT; i++) cyc[stages[i]] = p.cycles[i];
-             pmd["cycles"] = cyc;
              d["pmd"] = pmd;
              return d;
-           })
-      .def("trace",
+           });
+}
+
+// ---- trace -----------------------------------------------------------------------------------------
+void bind_trace(DataplaneClass& c) {
+  c.def("trace",
            [](Dataplane& dp, const py::bytes& pkt, uint32_t in_port) {
              std::string s = pkt;
              TraceResult tr;
@@ -420,8 +429,12 @@ PYBIND11_MODULE(_core, m) {
              d["outputs"] = outs;
              d["drop_reason"] = tr.drop_reason ? py::cast(drop_reason_name(tr.drop_reason)) : py::none();
              return d;
-           })
-      .def("process",
+           });
+}
+
+// ---- packets: in-memory processing, benchmark loop, replay, worker knobs -------------------------------
+void bind_packets(DataplaneClass& c) {
+  c.def("process",
            [](Dataplane& dp, const py::bytes& data, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> offsets,
               py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lens,
               py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ports, const py::object& ts_obj) {
@@ -530,4 +543,17 @@ PYBIND11_MODULE(_core, m) {
       .def("warp", &Dataplane::warp)
       .def("port_number", &Dataplane::port_number)
       .def("port_name", &Dataplane::port_name);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "dpu native core (see native/ and DESIGN.md)";
+  bind_module_functions(m);
+  bind_replayer(m);
+  DataplaneClass dp(m, "Dataplane");
+  bind_control(dp);
+  bind_counters(dp);
+  bind_trace(dp);
+  bind_packets(dp);
 }

@@ -148,48 +148,55 @@ void Dataplane::collect(const FlowSpec& spec, bool strict, bool any_table, std::
   }
 }
 
-Status Dataplane::apply(const Txn& txn, TxnResult* res) {
-  std::lock_guard<std::mutex> commit_guard(commit_mu_);
-  *res = TxnResult();
-  // ---- validate: nothing below changes any state --------------------------------
-  TxnPorts tp(ports_);
-  std::vector<PortInfo> new_ports;
-  Status st = validate_ports(txn, &tp, &new_ports);
-  if (!st.ok()) return st;
-  tp.create_ = txn.create_ports;
+// ---- transactions: validate, then commit --------------------------------------------------
 
-  struct Parsed {
-    FlowSpec flow;
-    GroupPtr group;
-    bool all_groups = false;
-  };
-  std::vector<Parsed> parsed(txn.ops.size());
-  std::unordered_set<uint32_t> gids;
-  for (const auto& kv : groups_) gids.insert(kv.first);
-  // Group -> groups its buckets name, to refuse chains that loop back (as
-  // OpenFlow's OFPGMFC_LOOP).
-  std::unordered_map<uint32_t, std::vector<uint32_t>> gref;
-  auto refs_of = [](const Group& g) {
-    std::vector<uint32_t> r;
-    for (const Bucket& b : g.buckets)
-      for (const OfAction& a : b.actions)
-        if (a.type == OfAct::GROUP) r.push_back(a.arg);
-    return r;
-  };
-  for (const auto& kv : groups_) gref[kv.first] = refs_of(*kv.second);
-  auto loop_from = [&gref](uint32_t start) -> std::string {
+// Which groups the buckets of each group name, to refuse chains that loop
+// back (as OpenFlow's OFPGMFC_LOOP), and which group ids exist, as a
+// transaction sees them while it is validated op by op.
+class Dataplane::GroupGraph {
+ public:
+  explicit GroupGraph(const std::unordered_map<uint32_t, GroupPtr>& groups) {
+    for (const auto& kv : groups) {
+      ids_.insert(kv.first);
+      refs_[kv.first] = refs_of(*kv.second);
+    }
+  }
+  bool exists(uint32_t id) const { return ids_.count(id) != 0; }
+  void set(const Group& g) {
+    ids_.insert(g.group_id);
+    refs_[g.group_id] = refs_of(g);
+  }
+  void erase(uint32_t id) {
+    ids_.erase(id);
+    refs_.erase(id);
+  }
+  void clear() {
+    ids_.clear();
+    refs_.clear();
+  }
+  // Every group action in `acts` names an existing group.
+  Status check_refs(const std::vector<OfAction>& acts, int line) const {
+    for (const OfAction& a : acts) {
+      if (a.type == OfAct::GROUP && !exists(a.arg)) {
+        Status s = Status::At(Err::UNKNOWN_GROUP, "group " + std::to_string(a.arg) + " does not exist",
+                              "group:" + std::to_string(a.arg), a.pos);
+        s.line = line;
+        return s;
+      }
+    }
+    return Status::Ok();
+  }
+  // "1 -> 2 -> 1" when `start` reaches itself through its buckets, else "".
+  std::string loop_from(uint32_t start) const {
     std::vector<uint32_t> path{start};
     std::unordered_set<uint32_t> on_path{start};
     std::function<bool(uint32_t)> dfs = [&](uint32_t g) -> bool {
-      auto it = gref.find(g);
-      if (it == gref.end()) return false;
+      auto it = refs_.find(g);
+      if (it == refs_.end()) return false;
       for (uint32_t n : it->second) {
         path.push_back(n);
         if (n == start) return true;
-        if (!on_path.count(n)) {
-          on_path.insert(n);
-          if (dfs(n)) return true;
-        }
+        if (on_path.insert(n).second && dfs(n)) return true;
         path.pop_back();
       }
       return false;
@@ -198,174 +205,192 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
     std::string s;
     for (uint32_t g : path) s += (s.empty() ? "" : " -> ") + std::to_string(g);
     return s;
-  };
-  auto check_groups = [&](const std::vector<OfAction>& acts, int line) -> Status {
-    for (const OfAction& a : acts) {
-      if (a.type == OfAct::GROUP && !gids.count(a.arg)) {
-        Status s = Status::At(Err::UNKNOWN_GROUP, "group " + std::to_string(a.arg) + " does not exist",
-                              "group:" + std::to_string(a.arg), a.pos);
-        s.line = line;
-        return s;
-      }
+  }
+
+ private:
+  static std::vector<uint32_t> refs_of(const Group& g) {
+    std::vector<uint32_t> r;
+    for (const Bucket& b : g.buckets)
+      for (const OfAction& a : b.actions)
+        if (a.type == OfAct::GROUP) r.push_back(a.arg);
+    return r;
+  }
+  std::unordered_set<uint32_t> ids_;
+  std::unordered_map<uint32_t, std::vector<uint32_t>> refs_;
+};
+
+Status Dataplane::validate_flow_op(const TxnOp& op, const TxnPorts& tp, const GroupGraph& gg, int line,
+                                   ParsedOp* p) const {
+  FlowCmd cmd = op.kind == TxnOp::ADD_FLOW                                              ? FlowCmd::ADD
+                : (op.kind == TxnOp::MOD_FLOWS || op.kind == TxnOp::MOD_FLOWS_STRICT) ? FlowCmd::MODIFY
+                                                                                       : FlowCmd::DELETE;
+  Status st = parse_flow(op.text, cmd, &tp, &p->flow);
+  if (st.ok() && p->flow.has_actions) st = gg.check_refs(p->flow.actions, line);
+  return st;
+}
+
+Status Dataplane::validate_group_op(const TxnOp& op, const TxnPorts& tp, GroupGraph* gg, int line,
+                                    ParsedOp* p) const {
+  if (op.kind == TxnOp::DEL_GROUPS) {
+    if (op.text.empty() || op.text == "group_id=all" || op.text == "all") {
+      p->all_groups = true;
+      gg->clear();
+      return Status::Ok();
     }
-    return Status::Ok();
-  };
+    p->group = std::make_shared<Group>();
+    Status st = parse_group(op.text, false, &tp, p->group.get());
+    if (st.ok()) gg->erase(p->group->group_id);
+    return st;
+  }
+  p->group = std::make_shared<Group>();
+  Status st = parse_group(op.text, true, &tp, p->group.get());
+  if (!st.ok()) return st;
+  const uint32_t id = p->group->group_id;
+  if (op.kind == TxnOp::ADD_GROUP && gg->exists(id))
+    return Status::Error(Err::CONFLICT, "group " + std::to_string(id) + " already exists");
+  if (op.kind == TxnOp::MOD_GROUP && !gg->exists(id))
+    return Status::Error(Err::UNKNOWN_GROUP, "group " + std::to_string(id) + " does not exist");
+  gg->set(*p->group);  // a bucket may name its own group: checked as a loop below
+  for (const Bucket& b : p->group->buckets) {
+    st = gg->check_refs(b.actions, line);
+    if (!st.ok()) return st;
+  }
+  std::string loop = gg->loop_from(id);
+  if (!loop.empty())
+    return Status::Error(Err::CONFLICT, "group " + std::to_string(id) + " would loop through its buckets: " + loop);
+  return Status::Ok();
+}
+
+// Parses every flow and group op as the transaction will see the ports and
+// groups; the first error names its op's line (when there are several).
+Status Dataplane::validate_ops(const Txn& txn, const TxnPorts& tp, std::vector<ParsedOp>* parsed) const {
+  parsed->resize(txn.ops.size());
+  GroupGraph gg(groups_);
   for (size_t i = 0; i < txn.ops.size(); i++) {
     const TxnOp& op = txn.ops[i];
-    Parsed& p = parsed[i];
     const int line = static_cast<int>(i) + 1;
-    switch (op.kind) {
-      case TxnOp::ADD_FLOW:
-      case TxnOp::MOD_FLOWS:
-      case TxnOp::MOD_FLOWS_STRICT:
-      case TxnOp::DEL_FLOWS:
-      case TxnOp::DEL_FLOWS_STRICT: {
-        FlowCmd cmd = op.kind == TxnOp::ADD_FLOW ? FlowCmd::ADD
-                      : (op.kind == TxnOp::MOD_FLOWS || op.kind == TxnOp::MOD_FLOWS_STRICT) ? FlowCmd::MODIFY
-                                                                                           : FlowCmd::DELETE;
-        st = parse_flow(op.text, cmd, &tp, &p.flow);
-        if (st.ok() && p.flow.has_actions) st = check_groups(p.flow.actions, line);
-        break;
-      }
-      case TxnOp::ADD_GROUP:
-      case TxnOp::MOD_GROUP: {
-        p.group = std::make_shared<Group>();
-        st = parse_group(op.text, true, &tp, p.group.get());
-        if (!st.ok()) break;
-        if (op.kind == TxnOp::ADD_GROUP && gids.count(p.group->group_id)) {
-          st = Status::Error(Err::CONFLICT, "group " + std::to_string(p.group->group_id) + " already exists");
-          break;
-        }
-        if (op.kind == TxnOp::MOD_GROUP && !gids.count(p.group->group_id)) {
-          st = Status::Error(Err::UNKNOWN_GROUP, "group " + std::to_string(p.group->group_id) + " does not exist");
-          break;
-        }
-        gids.insert(p.group->group_id);
-        for (const Bucket& b : p.group->buckets) {
-          st = check_groups(b.actions, line);
-          if (!st.ok()) break;
-        }
-        if (!st.ok()) break;
-        gref[p.group->group_id] = refs_of(*p.group);
-        {
-          std::string loop = loop_from(p.group->group_id);
-          if (!loop.empty())
-            st = Status::Error(Err::CONFLICT, "group " + std::to_string(p.group->group_id) +
-                                                  " would loop through its buckets: " + loop);
-        }
-        break;
-      }
-      case TxnOp::DEL_GROUPS: {
-        std::string t = op.text;
-        if (t.empty() || t == "group_id=all" || t == "all") {
-          p.all_groups = true;
-          gids.clear();
-          gref.clear();
-          break;
-        }
-        p.group = std::make_shared<Group>();
-        st = parse_group(op.text, false, &tp, p.group.get());
-        if (st.ok()) {
-          gids.erase(p.group->group_id);
-          gref.erase(p.group->group_id);
-        }
-        break;
-      }
-    }
+    bool group_op = op.kind == TxnOp::ADD_GROUP || op.kind == TxnOp::MOD_GROUP || op.kind == TxnOp::DEL_GROUPS;
+    Status st = group_op ? validate_group_op(op, tp, &gg, line, &(*parsed)[i])
+                         : validate_flow_op(op, tp, gg, line, &(*parsed)[i]);
     if (!st.ok()) {
       st.line = txn.ops.size() > 1 ? line : -1;
       return st;
     }
   }
-  std::vector<TenantSpec> tenants = txn.tenants;
-  if (txn.set_tenants) {
-    std::unordered_set<uint64_t> seen;
-    for (const TenantSpec& t : tenants) {
-      if (!seen.insert(t.metadata).second)
-        return Status::Error(Err::CONFLICT, "two tenants share metadata " + std::to_string(t.metadata));
-    }
-    std::unordered_set<std::string> names;
-    for (const TenantSpec& t : tenants)
-      if (!names.insert(t.name).second) return Status::Error(Err::CONFLICT, "two tenants are named " + t.name);
-    size_t slots = tenant_slots_.size();
-    for (const TenantSpec& t : tenants) {
-      bool known = false;
-      for (const TenantSlot& ts : tenant_slots_) known |= ts.name == t.name;
-      slots += known ? 0 : 1;
-    }
-    if (slots >= 0xffff) return Status::Error(Err::INVALID, "too many tenants (at most 65534 names over the dataplane's life)");
-  }
+  return Status::Ok();
+}
 
-  // ---- commit ---------------------------------------------------------------------
-  std::vector<std::unique_lock<std::mutex>> held;
-  for (auto& w : workers_) {
-    held.emplace_back(w->mu);
-    w->push_stats();  // counts so far go to the rules as they are now
+Status Dataplane::validate_tenants(const Txn& txn) const {
+  if (!txn.set_tenants) return Status::Ok();
+  std::unordered_set<uint64_t> seen;
+  std::unordered_set<std::string> names;
+  size_t slots = tenant_slots_.size();
+  for (const TenantSpec& t : txn.tenants) {
+    if (!seen.insert(t.metadata).second)
+      return Status::Error(Err::CONFLICT, "two tenants share metadata " + std::to_string(t.metadata));
+    if (!names.insert(t.name).second) return Status::Error(Err::CONFLICT, "two tenants are named " + t.name);
+    bool known = false;
+    for (const TenantSlot& ts : tenant_slots_) known |= ts.name == t.name;
+    slots += known ? 0 : 1;
   }
-  std::unique_lock<std::shared_mutex> wl(lock_);
+  if (slots >= 0xffff)
+    return Status::Error(Err::INVALID, "too many tenants (at most 65534 names over the dataplane's life)");
+  return Status::Ok();
+}
+
+void Dataplane::commit_ports(const Txn& txn, const TxnPorts& tp, const std::vector<PortInfo>& new_ports,
+                             TxnResult* res) {
   for (const std::string& n : txn.del_ports) ports_.remove(ports_.port_number(n));
   for (const PortInfo& pi : new_ports) ports_.add(pi);
   for (const std::string& n : tp.created_) {
     PortInfo pi;
-    pi.ofport = tp.added_[n];
+    pi.ofport = tp.added_.at(n);
     pi.name = n;
     ports_.add(pi);
   }
+  rebuild_terms();
   res->ports_added = tp.created_;
   for (const PortInfo& pi : new_ports) res->ports_added.push_back(pi.name);
+}
 
-  const int64_t now = now_ns();
-  auto replace = [&](const RulePtr& old, std::vector<OfAction> acts) {
-    auto r = std::make_shared<Rule>();
-    r->table = old->table;
-    r->priority = old->priority;
-    r->cookie = old->cookie;
-    r->match = old->match;
-    r->actions = std::move(acts);
+// A flow_mod that modifies a rule replaces it with a copy that keeps its
+// place (seq), creation time and counters.
+void Dataplane::replace_rule(const RulePtr& old, std::vector<OfAction> acts) {
+  auto r = std::make_shared<Rule>();
+  r->table = old->table;
+  r->priority = old->priority;
+  r->cookie = old->cookie;
+  r->match = old->match;
+  r->actions = std::move(acts);
+  r->seq = old->seq;
+  r->created_ns = old->created_ns;
+  r->n_packets = old->n_packets.load();
+  r->n_bytes = old->n_bytes.load();
+  tables_[old->table].remove(old.get());
+  tables_[r->table].insert(r);
+}
+
+void Dataplane::commit_add_flow(FlowSpec& f, int64_t now, TxnResult* res) {
+  auto r = std::make_shared<Rule>();
+  r->table = f.table;
+  r->priority = f.priority;
+  r->cookie = f.cookie;
+  r->match = f.match;
+  r->actions = std::move(f.actions);
+  r->created_ns = now;
+  RulePtr old = tables_[r->table].find_exact(r->match, r->priority);
+  if (old) {  // same match and priority: replaces it, keeping its place and counters
     r->seq = old->seq;
-    r->created_ns = old->created_ns;
     r->n_packets = old->n_packets.load();
     r->n_bytes = old->n_bytes.load();
-    tables_[old->table].remove(old.get());
-    tables_[r->table].insert(r);
-  };
+    tables_[r->table].remove(old.get());
+  } else {
+    r->seq = next_seq_++;
+  }
+  tables_[r->table].insert(r);
+  res->flows_added++;
+}
+
+void Dataplane::commit_del_groups(const ParsedOp& p, TxnResult* res) {
+  std::vector<uint32_t> ids;
+  if (p.all_groups) {
+    for (auto& kv : groups_) ids.push_back(kv.first);
+  } else if (groups_.count(p.group->group_id)) {
+    ids.push_back(p.group->group_id);
+  }
+  for (uint32_t id : ids) {
+    groups_.erase(id);
+    std::vector<RulePtr> users;  // OpenFlow: deleting a group deletes the flows using it
+    for (int t = 0; t < kNumTables; t++)
+      tables_[t].for_each([&](const RulePtr& r) {
+        if (rule_uses_group(*r, id)) users.push_back(r);
+      });
+    for (const RulePtr& r : users) tables_[r->table].remove(r.get());
+    res->flows_deleted += users.size();
+  }
+  res->groups_deleted += ids.size();
+}
+
+void Dataplane::commit_ops(const Txn& txn, std::vector<ParsedOp>& parsed, TxnResult* res) {
+  const int64_t now = now_ns();
   for (size_t i = 0; i < txn.ops.size(); i++) {
-    const TxnOp& op = txn.ops[i];
-    Parsed& p = parsed[i];
-    switch (op.kind) {
-      case TxnOp::ADD_FLOW: {
-        auto r = std::make_shared<Rule>();
-        r->table = p.flow.table;
-        r->priority = p.flow.priority;
-        r->cookie = p.flow.cookie;
-        r->match = p.flow.match;
-        r->actions = std::move(p.flow.actions);
-        r->created_ns = now;
-        RulePtr old = tables_[r->table].find_exact(r->match, r->priority);
-        if (old) {
-          r->seq = old->seq;
-          r->n_packets = old->n_packets.load();
-          r->n_bytes = old->n_bytes.load();
-          tables_[r->table].remove(old.get());
-        } else {
-          r->seq = next_seq_++;
-        }
-        tables_[r->table].insert(r);
-        res->flows_added++;
+    ParsedOp& p = parsed[i];
+    switch (txn.ops[i].kind) {
+      case TxnOp::ADD_FLOW:
+        commit_add_flow(p.flow, now, res);
         break;
-      }
       case TxnOp::MOD_FLOWS:
       case TxnOp::MOD_FLOWS_STRICT: {
         std::vector<RulePtr> hit;
-        collect(p.flow, op.kind == TxnOp::MOD_FLOWS_STRICT, true, &hit);
-        for (const RulePtr& r : hit) replace(r, p.flow.actions);
+        collect(p.flow, txn.ops[i].kind == TxnOp::MOD_FLOWS_STRICT, true, &hit);
+        for (const RulePtr& r : hit) replace_rule(r, p.flow.actions);
         res->flows_modified += hit.size();
         break;
       }
       case TxnOp::DEL_FLOWS:
       case TxnOp::DEL_FLOWS_STRICT: {
         std::vector<RulePtr> hit;
-        collect(p.flow, op.kind == TxnOp::DEL_FLOWS_STRICT, true, &hit);
+        collect(p.flow, txn.ops[i].kind == TxnOp::DEL_FLOWS_STRICT, true, &hit);
         for (const RulePtr& r : hit) tables_[r->table].remove(r.get());
         res->flows_deleted += hit.size();
         break;
@@ -382,40 +407,52 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
         res->groups_modified++;
         break;
       }
-      case TxnOp::DEL_GROUPS: {
-        std::vector<uint32_t> ids;
-        if (p.all_groups) {
-          for (auto& kv : groups_) ids.push_back(kv.first);
-        } else if (groups_.count(p.group->group_id)) {
-          ids.push_back(p.group->group_id);
-        }
-        for (uint32_t id : ids) {
-          groups_.erase(id);
-          std::vector<RulePtr> users;  // OpenFlow: deleting a group deletes the flows using it
-          for (int t = 0; t < kNumTables; t++)
-            tables_[t].for_each([&](const RulePtr& r) {
-              if (rule_uses_group(*r, id)) users.push_back(r);
-            });
-          for (const RulePtr& r : users) tables_[r->table].remove(r.get());
-          res->flows_deleted += users.size();
-        }
-        res->groups_deleted += ids.size();
+      case TxnOp::DEL_GROUPS:
+        commit_del_groups(p, res);
         break;
-      }
     }
   }
-  if (txn.set_tenants) {
-    tenant_index_.clear();
-    for (TenantSlot& ts : tenant_slots_) ts.active = false;
-    for (const TenantSpec& t : tenants) {
-      size_t slot = 0;
-      while (slot < tenant_slots_.size() && tenant_slots_[slot].name != t.name) slot++;
-      if (slot == tenant_slots_.size()) tenant_slots_.push_back(TenantSlot{t.name, 0, false});
-      tenant_slots_[slot].metadata = t.metadata;
-      tenant_slots_[slot].active = true;
-      tenant_index_[t.metadata] = static_cast<uint16_t>(slot + 1);
-    }
+}
+
+// A tenant name keeps its counter slot across reloads.
+void Dataplane::commit_tenants(const std::vector<TenantSpec>& tenants) {
+  tenant_index_.clear();
+  for (TenantSlot& ts : tenant_slots_) ts.active = false;
+  for (const TenantSpec& t : tenants) {
+    size_t slot = 0;
+    while (slot < tenant_slots_.size() && tenant_slots_[slot].name != t.name) slot++;
+    if (slot == tenant_slots_.size()) tenant_slots_.push_back(TenantSlot{t.name, 0, false});
+    tenant_slots_[slot].metadata = t.metadata;
+    tenant_slots_[slot].active = true;
+    tenant_index_[t.metadata] = static_cast<uint16_t>(slot + 1);
   }
+}
+
+Status Dataplane::apply(const Txn& txn, TxnResult* res) {
+  std::lock_guard<std::mutex> commit_guard(commit_mu_);
+  *res = TxnResult();
+  // Validate: nothing here changes any state.
+  TxnPorts tp(ports_);
+  std::vector<PortInfo> new_ports;
+  Status st = validate_ports(txn, &tp, &new_ports);
+  if (!st.ok()) return st;
+  tp.create_ = txn.create_ports;
+  std::vector<ParsedOp> parsed;
+  st = validate_ops(txn, tp, &parsed);
+  if (!st.ok()) return st;
+  st = validate_tenants(txn);
+  if (!st.ok()) return st;
+
+  // Commit, with no batch in flight: every worker's mutex, then the table lock.
+  std::vector<std::unique_lock<std::mutex>> held;
+  for (auto& w : workers_) {
+    held.emplace_back(w->mu);
+    w->push_stats();  // counts so far go to the rules as they are now
+  }
+  std::unique_lock<std::shared_mutex> wl(lock_);
+  commit_ports(txn, tp, new_ports, res);
+  commit_ops(txn, parsed, res);
+  if (txn.set_tenants) commit_tenants(txn.tenants);
   res->version = version_.fetch_add(1, std::memory_order_acq_rel) + 1;
   return Status::Ok();
 }
@@ -529,6 +566,7 @@ void Dataplane::upcall(const Flow& key, XlateOut* out, std::vector<TraceEvent>* 
   env.tables = tables_;
   env.groups = &groups_;
   env.ports = &ports_;
+  env.terms = &terms_;
   env.tenants = &tenant_index_;
   xlate(env, key, out, trace);
 }
@@ -561,8 +599,14 @@ void Dataplane::port_flags(std::vector<uint8_t>* is_tunnel, size_t* n_tenants) {
 
 void Dataplane::tunnel_terms(std::vector<TunnelTerm>* out) {
   std::shared_lock<std::shared_mutex> rl(lock_);
-  out->clear();
-  for (const PortInfo* p : ports_.all()) {  // port order: the slow path's order too
+  *out = terms_;
+}
+
+// The VTEPs the datapath terminates, in port order (the order find_tunnel_term
+// tries them), rebuilt whenever the ports change (caller holds the lock).
+void Dataplane::rebuild_terms() {
+  terms_.clear();
+  for (const PortInfo* p : ports_.all()) {
     if (!p->tunnel) continue;
     TunnelTerm t;
     t.underlay = p->tnl.underlay;
@@ -570,7 +614,7 @@ void Dataplane::tunnel_terms(std::vector<TunnelTerm>* out) {
     t.cfg = p->tnl;
     t.pop.ipv6 = p->tnl.ipv6;
     t.pop.strict = p->tnl.strict;
-    out->push_back(t);
+    terms_.push_back(t);
   }
 }
 

@@ -151,14 +151,34 @@ class Dataplane {
 
  private:
   class TxnPorts;
+  class GroupGraph;
+  struct ParsedOp {
+    FlowSpec flow;
+    GroupPtr group;
+    bool all_groups = false;
+  };
+  // apply(): the validate steps change nothing; the commit steps run with
+  // every worker stopped between batches and the table lock held.
   Status validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortInfo>* add);
+  Status validate_ops(const Txn& txn, const TxnPorts& tp, std::vector<ParsedOp>* parsed) const;
+  Status validate_flow_op(const TxnOp& op, const TxnPorts& tp, const GroupGraph& gg, int line, ParsedOp* p) const;
+  Status validate_group_op(const TxnOp& op, const TxnPorts& tp, GroupGraph* gg, int line, ParsedOp* p) const;
+  Status validate_tenants(const Txn& txn) const;
+  void commit_ports(const Txn& txn, const TxnPorts& tp, const std::vector<PortInfo>& new_ports, TxnResult* res);
+  void commit_ops(const Txn& txn, std::vector<ParsedOp>& parsed, TxnResult* res);
+  void commit_add_flow(FlowSpec& f, int64_t now, TxnResult* res);
+  void commit_del_groups(const ParsedOp& p, TxnResult* res);
+  void commit_tenants(const std::vector<TenantSpec>& tenants);
+  void replace_rule(const RulePtr& old, std::vector<OfAction> acts);
   void collect(const FlowSpec& spec, bool strict, bool any_table, std::vector<RulePtr>* out) const;
   std::string flow_text(const Flow& f, bool with_pipeline) const;
+  void rebuild_terms();
 
   mutable std::shared_mutex lock_;
   std::mutex commit_mu_;
   std::atomic<uint64_t> version_{1};
   PortTable ports_;
+  std::vector<TunnelTerm> terms_;  // tunnel ports as the datapath terminates them
   Classifier tables_[kNumTables];
   TableStats table_stats_[kNumTables];
   std::unordered_map<uint32_t, GroupPtr> groups_;

@@ -23,20 +23,6 @@ void add_field(std::string& out, const Match& m, FieldId id, const PortNames* po
   add(out, std::string(name ? name : f.name) + "=" + format_field_value(f, field_get(m.value, f), mk, ports));
 }
 
-std::string subfield(FieldId id, uint16_t ofs, uint16_t n) {
-  const FieldDef& f = field_def(id);
-  std::string s = f.nxm ? f.nxm : f.name;
-  if (ofs == 0 && n == f.n_bits) return s + "[]";
-  if (n == 1) return s + "[" + std::to_string(ofs) + "]";
-  return s + "[" + std::to_string(ofs) + ".." + std::to_string(ofs + n - 1) + "]";
-}
-
-std::string port_text(uint32_t p, const PortNames* ports) {
-  if (p == kPortInPort) return "in_port";
-  std::string n = ports ? ports->port_name(p) : std::string();
-  return n.empty() ? std::to_string(p) : n;
-}
-
 }  // namespace
 
 std::string format_match(const Match& m, uint16_t priority, bool with_priority, const PortNames* ports) {
@@ -119,74 +105,6 @@ std::string format_match(const Match& m, uint16_t priority, bool with_priority, 
     add_field(out, m, FieldId::TP_DST, ports);
   }
   add_field(out, m, FieldId::TCP_FLAGS, ports);
-  return out;
-}
-
-std::string format_actions(const std::vector<OfAction>& acts, const PortNames* ports) {
-  if (acts.empty()) return "drop";
-  std::string out;
-  for (const OfAction& a : acts) {
-    const FieldDef& f = field_def(a.field);
-    std::string s;
-    switch (a.type) {
-      case OfAct::OUTPUT: s = "output:" + port_text(a.port, ports); break;
-      case OfAct::IN_PORT: s = "in_port"; break;
-      case OfAct::FLOOD: s = "flood"; break;
-      case OfAct::ALL: s = "all"; break;
-      case OfAct::DROP: s = std::string("drop(") + drop_reason_name(static_cast<int>(a.arg)) + ")"; break;
-      case OfAct::SET_FIELD:
-        s = "set_field:" + format_field_value(f, a.value, a.mask, ports) + "->" + f.name;
-        break;
-      case OfAct::LOAD: s = "load:" + hex_u128(a.value) + "->" + subfield(a.field, a.ofs, a.n_bits); break;
-      case OfAct::MOVE:
-        s = "move:" + subfield(a.src_field, a.src_ofs, a.n_bits) + "->" + subfield(a.field, a.ofs, a.n_bits);
-        break;
-      case OfAct::MOD_DL_SRC: s = "mod_dl_src:" + format_field_value(f, a.value, a.mask, ports); break;
-      case OfAct::MOD_DL_DST: s = "mod_dl_dst:" + format_field_value(f, a.value, a.mask, ports); break;
-      case OfAct::MOD_NW_SRC: s = "mod_nw_src:" + format_field_value(f, a.value, a.mask, ports); break;
-      case OfAct::MOD_NW_DST: s = "mod_nw_dst:" + format_field_value(f, a.value, a.mask, ports); break;
-      case OfAct::MOD_NW_TOS: s = "mod_nw_tos:" + format_field_value(f, a.value, a.mask, ports); break;
-      case OfAct::MOD_TP_SRC: s = "mod_tp_src:" + format_field_value(f, a.value, a.mask, ports); break;
-      case OfAct::MOD_TP_DST: s = "mod_tp_dst:" + format_field_value(f, a.value, a.mask, ports); break;
-      case OfAct::MOD_VLAN_VID: s = "mod_vlan_vid:" + std::to_string(a.arg); break;
-      case OfAct::MOD_VLAN_PCP: s = "mod_vlan_pcp:" + std::to_string(a.arg); break;
-      case OfAct::PUSH_VLAN: {
-        char b[32];
-        std::snprintf(b, sizeof b, "push_vlan:0x%04x", a.arg);
-        s = b;
-        break;
-      }
-      case OfAct::POP_VLAN: s = "pop_vlan"; break;
-      case OfAct::STRIP_VLAN: s = "strip_vlan"; break;
-      case OfAct::DEC_TTL: s = "dec_ttl"; break;
-      case OfAct::GOTO_TABLE: s = "goto_table:" + std::to_string(a.arg); break;
-      case OfAct::RESUBMIT: {
-        std::string p = a.port == kPortInPort ? "" : port_text(a.port, ports);
-        std::string t = a.arg == kTableCurrent ? "" : std::to_string(a.arg);
-        s = "resubmit(" + p + "," + t + ")";
-        break;
-      }
-      case OfAct::WRITE_METADATA: {
-        const FieldDef& md = field_def(FieldId::METADATA);
-        s = "write_metadata:" + hex_u128(a.value);
-        if (a.mask != field_all_ones(md)) s += "/" + hex_u128(a.mask);
-        break;
-      }
-      case OfAct::NOTE: {
-        s = "note:";
-        char b[4];
-        for (size_t i = 0; i < a.note.size(); i++) {
-          std::snprintf(b, sizeof b, "%02x", a.note[i]);
-          if (i) s += '.';
-          s += b;
-        }
-        break;
-      }
-      case OfAct::GROUP: s = "group:" + std::to_string(a.arg); break;
-    }
-    if (!out.empty()) out += ',';
-    out += s;
-  }
   return out;
 }
 

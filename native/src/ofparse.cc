@@ -2,8 +2,9 @@
 //
 // The text is split into items at commas and blanks outside parentheses; an
 // item is `key`, `key=value`, `key:value` or `key(value)`. Everything after
-// `actions=` is the action list. Every error carries the offending token and
-// its 0-based character position in the line.
+// `actions=` is the action list, parsed action by action in ofactions.cc.
+// Every error carries the offending token and its 0-based character position
+// in the line.
 //
 // Pure functions; any thread.
 #include "dpu/ofparse.h"
@@ -11,18 +12,10 @@
 #include <cctype>
 #include <cstring>
 
+#include "ofparse_util.h"
+
 namespace dpu {
-namespace {
-
-inline bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
-
-struct Item {
-  std::string_view key, value;
-  int pos = 0, value_pos = 0;  // positions in the line
-  bool has_value = false;
-  bool parens = false;         // key(value)
-  std::string_view whole;
-};
+namespace ofp {
 
 // Splits `s` (which starts at line offset `base`) into items.
 Status split_items(std::string_view s, int base, std::vector<Item>* out) {
@@ -95,38 +88,6 @@ bool parse_u(std::string_view s, int bits, uint64_t* out) {
   return true;
 }
 
-// Sets a field in a match, refusing contradictions with what is already there.
-Status match_set(Match& m, const FieldDef& f, u128 value, u128 mask, const Item& it) {
-  u128 old_mask = field_get(m.mask, f);
-  u128 old_val = field_get(m.value, f);
-  u128 both = old_mask & mask;
-  if ((old_val & both) != (value & both))
-    return err_at(Err::PARSE, std::string(f.name) + " contradicts an earlier field or protocol in this flow",
-                  it.whole, it.pos);
-  field_set_masked(m.value, f, value & mask, mask);
-  field_set_masked(m.mask, f, mask | old_mask, mask | old_mask);
-  return Status::Ok();
-}
-
-struct Shorthand {
-  const char* name;
-  uint16_t dl_type;
-  int nw_proto;  // -1: none
-};
-const Shorthand kShorthands[] = {
-    {"ip", kEthIp, -1},        {"ipv6", kEthIpv6, -1},       {"arp", kEthArp, -1},
-    {"tcp", kEthIp, kIpTcp},   {"udp", kEthIp, kIpUdp},      {"icmp", kEthIp, kIpIcmp},
-    {"sctp", kEthIp, kIpSctp}, {"tcp6", kEthIpv6, kIpTcp},   {"udp6", kEthIpv6, kIpUdp},
-    {"icmp6", kEthIpv6, kIpIcmpv6}, {"sctp6", kEthIpv6, kIpSctp},
-};
-
-const char* const kUnsupportedActions[] = {
-    "normal", "controller", "local", "ct", "nat", "meter", "learn", "enqueue", "set_queue",
-    "clone", "conjunction", "exit", "multipath", "bundle", "bundle_load", "encap", "decap",
-    "check_pkt_larger", "sample", "fin_timeout", "set_tunnel", "set_tunnel64", "pop_queue",
-    "output_reg", "push_mpls", "pop_mpls", "ct_clear", "dec_mpls_ttl", "set_mpls_label",
-    "controller", "trunc", "stack_push", "stack_pop", "delete_field"};
-
 // NAME[], NAME[n], NAME[a..b]
 Status parse_subfield(std::string_view s, int pos, const FieldDef** f, uint16_t* ofs, uint16_t* n) {
   size_t lb = s.find('[');
@@ -174,304 +135,38 @@ Status parse_port_arg(std::string_view s, int pos, const PortNames* ports, uint3
   *out = p;
   return Status::Ok();
 }
+}  // namespace ofp
 
-Status parse_one_action(const Item& it, const PortNames* ports, uint8_t table, OfAction* a) {
-  std::string_view k = it.key, v = it.value;
-  auto need_value = [&]() -> Status {
-    if (!it.has_value || v.empty())
-      return err_at(Err::PARSE, "action '" + std::string(k) + "' needs an argument", it.whole, it.pos);
-    return Status::Ok();
-  };
-  auto no_value = [&]() -> Status {
-    if (it.has_value)
-      return err_at(Err::PARSE, "action '" + std::string(k) + "' takes no argument", it.whole, it.pos);
-    return Status::Ok();
-  };
-  auto mod = [&](OfAct t, FieldId fid) -> Status {
-    Status s = need_value();
-    if (!s.ok()) return s;
-    a->type = t;
-    a->field = fid;
-    const FieldDef& f = field_def(fid);
-    u128 m;
-    s = parse_field_value(f, v, ports, &a->value, &m, false);
-    if (!s.ok()) return at_value(s, it);
-    a->mask = field_all_ones(f);
-    return Status::Ok();
-  };
+using namespace ofp;
 
-  if (k == "output") {
-    Status s = need_value();
-    if (!s.ok()) return s;
-    std::string_view pv = v;
-    int ppos = it.value_pos;
-    if (it.parens) {  // output(port=X[,max_len=N])
-      std::vector<Item> sub;
-      s = split_items(v, it.value_pos, &sub);
-      if (!s.ok()) return s;
-      pv = {};
-      for (const Item& x : sub) {
-        if (x.key == "port") {
-          pv = x.value;
-          ppos = x.value_pos;
-        } else {
-          return err_at(Err::PARSE, "output(): only port= is supported", x.whole, x.pos);
-        }
-      }
-      if (pv.empty()) return err_at(Err::PARSE, "output() needs port=", it.whole, it.pos);
-    }
-    if (pv.find('[') != std::string_view::npos)
-      return err_at(Err::PARSE, "output to a field value is not supported", pv, ppos);
-    a->type = OfAct::OUTPUT;
-    s = parse_port_arg(pv, ppos, ports, &a->port);
-    if (s.ok() && a->port == kPortInPort) a->type = OfAct::IN_PORT;
-    return s;
-  }
-  if (k == "in_port") { a->type = OfAct::IN_PORT; return no_value(); }
-  if (k == "flood") { a->type = OfAct::FLOOD; return no_value(); }
-  if (k == "all") { a->type = OfAct::ALL; return no_value(); }
-  if (k == "drop") {
-    a->type = OfAct::DROP;
-    a->arg = 0;
-    if (!it.has_value) return Status::Ok();
-    int r = drop_reason_by_name(v);
-    if (r <= 0)
-      return err_at(Err::PARSE, "unknown drop reason '" + std::string(v) + "'", v, it.value_pos);
-    a->arg = static_cast<uint32_t>(r);
-    return Status::Ok();
-  }
-  if (k == "dec_ttl") {
-    a->type = OfAct::DEC_TTL;
-    if (it.has_value && !it.parens) return no_value();
-    return Status::Ok();  // dec_ttl(ids) accepted; the controller ids are irrelevant here
-  }
-  if (k == "pop_vlan") { a->type = OfAct::POP_VLAN; return no_value(); }
-  if (k == "strip_vlan") { a->type = OfAct::STRIP_VLAN; return no_value(); }
-  if (k == "mod_dl_src") return mod(OfAct::MOD_DL_SRC, FieldId::DL_SRC);
-  if (k == "mod_dl_dst") return mod(OfAct::MOD_DL_DST, FieldId::DL_DST);
-  if (k == "mod_nw_src") return mod(OfAct::MOD_NW_SRC, FieldId::NW_SRC);
-  if (k == "mod_nw_dst") return mod(OfAct::MOD_NW_DST, FieldId::NW_DST);
-  if (k == "mod_nw_tos") return mod(OfAct::MOD_NW_TOS, FieldId::NW_TOS);
-  if (k == "mod_tp_src") return mod(OfAct::MOD_TP_SRC, FieldId::TP_SRC);
-  if (k == "mod_tp_dst") return mod(OfAct::MOD_TP_DST, FieldId::TP_DST);
-  if (k == "mod_vlan_vid" || k == "mod_vlan_pcp") {
-    Status s = need_value();
-    if (!s.ok()) return s;
-    bool vid = k == "mod_vlan_vid";
-    uint64_t n;
-    if (!parse_u(v, vid ? 12 : 3, &n))
-      return err_at(Err::BAD_VALUE, vid ? "VLAN id must be 0..4095" : "VLAN priority must be 0..7", v,
-                    it.value_pos);
-    a->type = vid ? OfAct::MOD_VLAN_VID : OfAct::MOD_VLAN_PCP;
-    a->arg = static_cast<uint32_t>(n);
-    return Status::Ok();
-  }
-  if (k == "push_vlan") {
-    Status s = need_value();
-    if (!s.ok()) return s;
-    uint64_t n;
-    if (!parse_u(v, 16, &n) || (n != kEthVlan && n != kEthQinQ))
-      return err_at(Err::BAD_VALUE, "push_vlan takes 0x8100 or 0x88a8", v, it.value_pos);
-    a->type = OfAct::PUSH_VLAN;
-    a->arg = static_cast<uint32_t>(n);
-    return Status::Ok();
-  }
-  if (k == "goto_table") {
-    Status s = need_value();
-    if (!s.ok()) return s;
-    uint64_t n;
-    if (!parse_u(v, 16, &n) || n >= kNumTables)
-      return err_at(Err::UNKNOWN_TABLE, "table " + std::string(v) + " out of range (0..254)", v, it.value_pos);
-    if (n <= table)
-      return err_at(Err::PARSE, "goto_table must go to a later table than " + std::to_string(table) +
-                                    " (use resubmit to go back)",
-                    v, it.value_pos);
-    a->type = OfAct::GOTO_TABLE;
-    a->arg = static_cast<uint32_t>(n);
-    return Status::Ok();
-  }
-  if (k == "resubmit") {
-    Status s = need_value();
-    if (!s.ok()) return s;
-    a->type = OfAct::RESUBMIT;
-    a->port = kPortInPort;
-    a->arg = kTableCurrent;
-    std::string_view port_s = v, table_s;
-    int table_pos = it.value_pos;
-    if (it.parens) {
-      size_t comma = v.find(',');
-      if (comma == std::string_view::npos)
-        return err_at(Err::PARSE, "resubmit(port,table) needs a comma", it.whole, it.pos);
-      port_s = v.substr(0, comma);
-      table_s = v.substr(comma + 1);
-      table_pos = it.value_pos + static_cast<int>(comma) + 1;
-      if (table_s.find(',') != std::string_view::npos)
-        return err_at(Err::PARSE, "resubmit takes (port,table) only", it.whole, it.pos);
-    }
-    if (!port_s.empty()) {
-      s = parse_port_arg(port_s, it.value_pos, ports, &a->port);
-      if (!s.ok()) return s;
-    }
-    if (!table_s.empty()) {
-      uint64_t n;
-      if (!parse_u(table_s, 16, &n) || n >= kNumTables)
-        return err_at(Err::UNKNOWN_TABLE, "table " + std::string(table_s) + " out of range (0..254)", table_s,
-                      table_pos);
-      a->arg = static_cast<uint32_t>(n);
-    }
-    if (port_s.empty() && table_s.empty())
-      return err_at(Err::PARSE, "resubmit needs a port or a table", it.whole, it.pos);
-    return Status::Ok();
-  }
-  if (k == "write_metadata") {
-    Status s = need_value();
-    if (!s.ok()) return s;
-    a->type = OfAct::WRITE_METADATA;
-    a->field = FieldId::METADATA;
-    s = parse_field_value(field_def(FieldId::METADATA), v, ports, &a->value, &a->mask, true);
-    return at_value(s, it);
-  }
-  if (k == "note") {
-    a->type = OfAct::NOTE;
-    std::string hex;
-    for (char c : v)
-      if (c != '.') hex += c;
-    if (hex.size() % 2) return err_at(Err::PARSE, "note takes hex bytes (00.11.22)", v, it.value_pos);
-    for (size_t i = 0; i < hex.size(); i += 2) {
-      u128 b;
-      if (!parse_uint("0x" + hex.substr(i, 2), 8, &b))
-        return err_at(Err::PARSE, "note takes hex bytes (00.11.22)", v, it.value_pos);
-      a->note.push_back(static_cast<uint8_t>(b));
-    }
-    return Status::Ok();
-  }
-  if (k == "group") {
-    Status s = need_value();
-    if (!s.ok()) return s;
-    uint64_t n;
-    if (!parse_u(v, 32, &n) || n >= kGroupNone)
-      return err_at(Err::BAD_VALUE, "bad group id", v, it.value_pos);
-    a->type = OfAct::GROUP;
-    a->arg = static_cast<uint32_t>(n);
-    return Status::Ok();
-  }
-  if (k == "set_field" || k == "load" || k == "move") {
-    Status s = need_value();
-    if (!s.ok()) return s;
-    size_t arrow = v.find("->");
-    if (arrow == std::string_view::npos)
-      return err_at(Err::PARSE, std::string(k) + " needs 'source->destination'", it.whole, it.pos);
-    std::string_view src = v.substr(0, arrow), dst = v.substr(arrow + 2);
-    int src_pos = it.value_pos, dst_pos = it.value_pos + static_cast<int>(arrow) + 2;
-    if (k == "set_field") {
-      const FieldDef* f = field_by_name(dst);
-      if (!f) return err_at(Err::UNKNOWN_FIELD, "unknown field '" + std::string(dst) + "'", dst, dst_pos);
-      if (!f->writable)
-        return err_at(Err::BAD_VALUE, std::string(f->name) + " cannot be written", dst, dst_pos);
-      a->type = OfAct::SET_FIELD;
-      a->field = f->id;
-      s = parse_field_value(*f, src, ports, &a->value, &a->mask, true);
-      if (!s.ok()) {
-        s.token = std::string(src);
-        s.position = src_pos;
-      }
-      return s;
-    }
-    const FieldDef* df;
-    s = parse_subfield(dst, dst_pos, &df, &a->ofs, &a->n_bits);
-    if (!s.ok()) return s;
-    if (!df->writable) return err_at(Err::BAD_VALUE, std::string(df->name) + " cannot be written", dst, dst_pos);
-    a->field = df->id;
-    if (k == "load") {
-      a->type = OfAct::LOAD;
-      u128 val;
-      if (!parse_uint(src, a->n_bits, &val))
-        return err_at(Err::BAD_VALUE,
-                      "'" + std::string(src) + "' does not fit in " + std::to_string(a->n_bits) + " bits", src,
-                      src_pos);
-      a->value = val;
-      return Status::Ok();
-    }
-    a->type = OfAct::MOVE;
-    const FieldDef* sf;
-    uint16_t sn;
-    s = parse_subfield(src, src_pos, &sf, &a->src_ofs, &sn);
-    if (!s.ok()) return s;
-    if (sn != a->n_bits)
-      return err_at(Err::BAD_VALUE,
-                    "move source has " + std::to_string(sn) + " bits, destination " + std::to_string(a->n_bits),
-                    it.whole, it.pos);
-    a->src_field = sf->id;
-    return Status::Ok();
-  }
-  for (const char* u : kUnsupportedActions) {
-    if (k == u)
-      return err_at(Err::PARSE, "action '" + std::string(k) + "' is not supported by dpu", it.whole, it.pos);
-  }
-  // A bare port name or number is an output.
-  if (!it.has_value) {
-    a->type = OfAct::OUTPUT;
-    Status s = parse_port_arg(k, it.pos, ports, &a->port);
-    if (s.ok()) return s;
-  }
-  return err_at(Err::PARSE, "unknown action '" + std::string(k) + "'", it.whole, it.pos);
-}
+namespace {
 
-// Write actions with prerequisites need the match to guarantee them (as OVS's
-// ofpacts_check for set_field/load/move); the OF1.0-style mod_* actions are
-// instead skipped at translation time for packets that lack the header.
-Status check_action_prereqs(const OfAction& a, const Item& it, const Match* m) {
-  if (!m) return Status::Ok();
-  if (a.type != OfAct::SET_FIELD && a.type != OfAct::LOAD && a.type != OfAct::MOVE) return Status::Ok();
-  const FieldDef& f = field_def(a.field);
-  if (!prereq_met(f.prereq, m->value, &m->mask))
-    return err_at(Err::PARSE, std::string("writing ") + f.name + " needs the flow to match " + prereq_text(f.prereq),
+// Sets a field in a match, refusing contradictions with what is already there.
+Status match_set(Match& m, const FieldDef& f, u128 value, u128 mask, const Item& it) {
+  u128 old_mask = field_get(m.mask, f);
+  u128 old_val = field_get(m.value, f);
+  u128 both = old_mask & mask;
+  if ((old_val & both) != (value & both))
+    return err_at(Err::PARSE, std::string(f.name) + " contradicts an earlier field or protocol in this flow",
                   it.whole, it.pos);
-  if (a.type == OfAct::MOVE) {
-    const FieldDef& sf = field_def(a.src_field);
-    if (!prereq_met(sf.prereq, m->value, &m->mask))
-      return err_at(Err::PARSE, std::string("reading ") + sf.name + " needs the flow to match " + prereq_text(sf.prereq),
-                    it.whole, it.pos);
-  }
+  field_set_masked(m.value, f, value & mask, mask);
+  field_set_masked(m.mask, f, mask | old_mask, mask | old_mask);
   return Status::Ok();
 }
 
-Status parse_actions_impl(std::string_view text, int base, const PortNames* ports, uint8_t table,
-                          std::vector<OfAction>* out, const Match* match) {
-  std::vector<Item> items;
-  Status s = split_items(text, base, &items);
-  if (!s.ok()) return s;
-  bool saw_goto = false, saw_drop = false;
-  for (const Item& it : items) {
-    OfAction a;
-    s = parse_one_action(it, ports, table, &a);
-    if (!s.ok()) return s;
-    s = check_action_prereqs(a, it, match);
-    if (!s.ok()) return s;
-    if (saw_goto)
-      return err_at(Err::PARSE, "goto_table must be the last action", it.whole, it.pos);
-    if (a.type == OfAct::GOTO_TABLE) saw_goto = true;
-    if (saw_drop)
-      return err_at(Err::PARSE, "drop(reason) must be the last action", it.whole, it.pos);
-    if (a.type == OfAct::DROP) {
-      if (a.arg == 0) {
-        if (items.size() != 1) return err_at(Err::PARSE, "drop must be the only action", it.whole, it.pos);
-        return Status::Ok();  // plain drop: empty action list
-      }
-      saw_drop = true;
-    }
-    a.pos = it.pos;
-    out->push_back(a);
-  }
-  return Status::Ok();
-}
+struct Shorthand {
+  const char* name;
+  uint16_t dl_type;
+  int nw_proto;  // -1: none
+};
+const Shorthand kShorthands[] = {
+    {"ip", kEthIp, -1},        {"ipv6", kEthIpv6, -1},       {"arp", kEthArp, -1},
+    {"tcp", kEthIp, kIpTcp},   {"udp", kEthIp, kIpUdp},      {"icmp", kEthIp, kIpIcmp},
+    {"sctp", kEthIp, kIpSctp}, {"tcp6", kEthIpv6, kIpTcp},   {"udp6", kEthIpv6, kIpUdp},
+    {"icmp6", kEthIpv6, kIpIcmpv6}, {"sctp6", kEthIpv6, kIpSctp},
+};
 
 }  // namespace
-
-Status parse_actions(std::string_view text, int base_pos, const PortNames* ports, uint8_t table,
-                     std::vector<OfAction>* out) {
-  return parse_actions_impl(text, base_pos, ports, table, out, nullptr);
-}
 
 // Finds "actions=" (or "action=") at an item boundary.
 static size_t find_actions(std::string_view s, size_t* value_start) {
@@ -639,7 +334,7 @@ Status parse_flow(std::string_view text, FlowCmd cmd, const PortNames* ports, Fl
   if (cmd == FlowCmd::DELETE || cmd == FlowCmd::MATCH_ONLY)
     return Status::At(Err::PARSE, "actions are not allowed when selecting flows", "actions", static_cast<int>(act_kw));
   out->has_actions = true;
-  s = parse_actions_impl(text.substr(act_start), static_cast<int>(act_start), ports, out->table, &out->actions,
+  s = parse_action_list(text.substr(act_start), static_cast<int>(act_start), ports, out->table, &out->actions,
                          &out->match);
   if (!s.ok()) return s;
   if (cmd == FlowCmd::MODIFY && !out->has_table) {
@@ -739,7 +434,7 @@ Status parse_group(std::string_view text, bool need_buckets, const PortNames* po
         return err_at(Err::PARSE, "unknown bucket property '" + std::string(it.key) + "'", it.whole, it.pos);
       }
     }
-    s = parse_actions_impl(acts, acts_base, ports, 0, &b.actions, nullptr);
+    s = parse_action_list(acts, acts_base, ports, 0, &b.actions, nullptr);
     if (!s.ok()) return s;
     for (const OfAction& a : b.actions) {
       if (a.type == OfAct::GOTO_TABLE)

@@ -160,25 +160,3 @@ void Worker::send_too_big(Packet* p, const Flow& key, const TnlHeader& a) {
 }
 
 }  // namespace dpu
-
-namespace dpu {
-
-// The same test as the slow path's native-tunnel check (xlate.cc,
-// try_tunnel_pop), on the parsed key: our VTEP MAC, untagged, our address,
-// UDP to the VXLAN port, not a fragment. First matching tunnel wins.
-const TunnelTerm* Worker::tunnel_term(const Flow& k) const {
-  if (k.recirc_id != 0 || k.in_port >= is_underlay_.size() || !is_underlay_[k.in_port]) return nullptr;
-  for (const TunnelTerm& t : tnl_terms_) {
-    if (t.underlay != k.in_port) continue;
-    if (std::memcmp(k.dl_dst, t.cfg.local_mac, 6) != 0 || k.vlan_tci != 0) continue;
-    if (k.dl_type != be16(t.cfg.ipv6 ? kEthIpv6 : kEthIp)) continue;
-    if (t.cfg.ipv6 ? std::memcmp(k.ipv6_dst, t.cfg.local_ip, 16) != 0 : std::memcmp(&k.nw_dst, t.cfg.local_ip, 4) != 0)
-      continue;
-    if (k.nw_proto != kIpUdp || k.nw_frag != 0) continue;
-    if (k.tp_dst != be16(t.cfg.dst_port)) continue;
-    return &t;
-  }
-  return nullptr;
-}
-
-}  // namespace dpu

@@ -117,31 +117,6 @@ void Worker::process(Batch& in) {
   if ((++batch_count_ & 1023) == 0) dpcls_.resort();
 }
 
-// The usual VXLAN arrival, recognised from the frame bytes before any parse:
-// untagged IPv4 with a 20-byte header, total length exactly the frame, not a
-// fragment, UDP. For a frame of that shape the outer key is the bytes
-// themselves, so the first term whose MAC, address and port match is the one
-// tunnel_term() would pick from the parsed key, and the outer parse (whose
-// flags would all be clear) can be skipped. Anything else returns nullptr and
-// takes the general path.
-inline const TunnelTerm* Worker::tunnel_term_raw(const Packet* p) const {
-  const uint32_t in = p->md.in_port;
-  if (p->md.recirc_id != 0 || in >= is_underlay_.size() || !is_underlay_[in]) return nullptr;
-  const uint8_t* d = p->data();
-  const uint32_t n = p->len;
-  if (n < 14 + 20 + 8 || load16(d + 12) != be16(kEthIp)) return nullptr;
-  const uint8_t* ip = d + 14;
-  if (ip[0] != 0x45 || ip[9] != kIpUdp || be16(load16(ip + 2)) != n - 14 || (load16(ip + 6) & be16(0x3fff)))
-    return nullptr;
-  for (const TunnelTerm& t : tnl_terms_) {
-    if (t.underlay != in || t.cfg.ipv6) continue;
-    if (std::memcmp(d, t.cfg.local_mac, 6) != 0 || std::memcmp(ip + 16, t.cfg.local_ip, 4) != 0) continue;
-    if (load16(ip + 22) != be16(t.cfg.dst_port)) continue;
-    return &t;
-  }
-  return nullptr;
-}
-
 // Stage 1: parse every packet of a sub-batch into keys[]. When the worker
 // terminates VXLAN (kTerms), a frame for one of our VTEPs is popped as soon as
 // its outer key says so and the inner frame is parsed into the same slot (a
@@ -157,7 +132,9 @@ uint32_t Worker::parse_stage(Packet** pkts, uint32_t n, Flow* keys, Packet** liv
       if (kTerms) __builtin_prefetch(pkts[i + 2]->data() + 64);
     }
     const TunnelTerm* t = nullptr;
-    if (kTerms && (t = tunnel_term_raw(p)) != nullptr) {
+    OuterView raw;
+    if (kTerms && p->md.in_port < is_underlay_.size() && is_underlay_[p->md.in_port] && outer_view_raw(p, &raw) &&
+        (t = find_tunnel_term(tnl_terms_, raw)) != nullptr) {
       p->l3_ofs = 14;  // what the outer parse would have found
       p->l4_ofs = 14 + 20;
     } else {
@@ -168,7 +145,8 @@ uint32_t Worker::parse_stage(Packet** pkts, uint32_t n, Flow* keys, Packet** liv
         pc.rx_malformed += (f & kParseMalformed) ? 1 : 0;
         pc.rx_unknown += (f & kParseUnknown) ? 1 : 0;
       }
-      if (kTerms) t = tunnel_term(keys[m]);
+      if (kTerms && keys[m].in_port < is_underlay_.size() && is_underlay_[keys[m].in_port])
+        t = find_tunnel_term(tnl_terms_, outer_view(keys[m]));
     }
     if (kTerms && t) {
       pmd.passes++;  // the outer lookup this replaces

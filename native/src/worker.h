@@ -29,18 +29,11 @@
 #include "ports.h"
 #include "dpu/batch.h"
 #include "dpu/drops.h"
+#include "tunnel_term.h"
 
 namespace dpu {
 
 class Dataplane;
-
-// A VTEP the worker terminates before any lookup (see Worker::tunnel_term).
-struct TunnelTerm {
-  uint32_t underlay = 0;  // ofport the VXLAN arrives on
-  uint32_t port = 0;      // the tunnel port: in_port after the pop
-  TunnelCfg cfg;
-  TnlHeader pop;          // what TNL_POP checks (strict, address family)
-};
 
 // Where a port's transmitted packets go (pcap writer, capture list, counter).
 class PortSink {
@@ -51,52 +44,49 @@ class PortSink {
 };
 
 // Packets and bytes in and out, and drops by reason: per tenant, and (with the
-// parse counters) per port.
+// parse counters) per port. The members come from counters.def.
 struct TrafficCounters {
-  uint64_t rx_packets = 0, rx_bytes = 0, tx_packets = 0, tx_bytes = 0;
-  uint64_t dropped = 0;
+#define DPU_TRAFFIC_COUNTER(m, h) uint64_t m = 0;
+#include "dpu/counters.def"
+#undef DPU_TRAFFIC_COUNTER
   uint64_t drops[DROP_COUNT] = {};
   void add(const TrafficCounters& o) {
-    rx_packets += o.rx_packets;
-    rx_bytes += o.rx_bytes;
-    tx_packets += o.tx_packets;
-    tx_bytes += o.tx_bytes;
-    dropped += o.dropped;
+#define DPU_TRAFFIC_COUNTER(m, h) m += o.m;
+#include "dpu/counters.def"
+#undef DPU_TRAFFIC_COUNTER
     for (int r = 0; r < DROP_COUNT; r++) drops[r] += o.drops[r];
   }
 };
 
 struct PortCounters : TrafficCounters {
-  uint64_t rx_truncated = 0, rx_malformed = 0, rx_unknown = 0;
+#define DPU_PORT_COUNTER(m, h) uint64_t m = 0;
+#include "dpu/counters.def"
+#undef DPU_PORT_COUNTER
   void add(const PortCounters& o) {
     TrafficCounters::add(o);
-    rx_truncated += o.rx_truncated;
-    rx_malformed += o.rx_malformed;
-    rx_unknown += o.rx_unknown;
+#define DPU_PORT_COUNTER(m, h) m += o.m;
+#include "dpu/counters.def"
+#undef DPU_PORT_COUNTER
   }
 };
 
 using TenantCounters = TrafficCounters;
 
 enum Stage : uint8_t { STAGE_PARSE, STAGE_EMC, STAGE_MEGAFLOW, STAGE_UPCALL, STAGE_EXECUTE, STAGE_TX, STAGE_COUNT };
+constexpr const char* kStageNames[STAGE_COUNT] = {"parse", "emc", "megaflow", "upcall", "execute", "tx"};
 
 struct PmdCounters {
-  uint64_t packets = 0;          // arrivals
-  uint64_t passes = 0;           // lookups (arrivals + recirculations)
-  uint64_t recirculations = 0;
-  uint64_t emc_hits = 0, megaflow_hits = 0, subtable_probes = 0;
-  uint64_t upcalls = 0, upcall_no_install = 0;
-  uint64_t batches = 0, tx_batches = 0, tx_packets = 0;
-  uint64_t flushes = 0;          // cache flushes after table changes
-  uint64_t tunnel_pops = 0;      // VXLAN terminated before the lookup (fast_tunnel)
+#define DPU_WORKER_COUNTER(m, n, h) uint64_t m = 0;
+#include "dpu/counters.def"
+#undef DPU_WORKER_COUNTER
   uint64_t cycles[STAGE_COUNT] = {};
   void add(const PmdCounters& o) {
-    const uint64_t* src = &o.packets;
-    uint64_t* dst = &packets;
-    for (size_t i = 0; i < sizeof(PmdCounters) / sizeof(uint64_t); i++) dst[i] += src[i];
+#define DPU_WORKER_COUNTER(m, n, h) m += o.m;
+#include "dpu/counters.def"
+#undef DPU_WORKER_COUNTER
+    for (int i = 0; i < STAGE_COUNT; i++) cycles[i] += o.cycles[i];
   }
 };
-static_assert(sizeof(PmdCounters) % sizeof(uint64_t) == 0, "PmdCounters is all uint64_t counters");
 
 constexpr int kMaxPasses = 6;
 constexpr uint32_t kChunk = 32;
@@ -175,8 +165,6 @@ class Worker {
   std::vector<TunnelTerm> tnl_terms_;     // from the port table, at each version
   std::vector<uint8_t> is_underlay_;      // by ofport
   bool fast_tunnel_ = true;
-  const TunnelTerm* tunnel_term(const Flow& k) const;
-  inline const TunnelTerm* tunnel_term_raw(const Packet* p) const;
   uint16_t out_count_[kBatchMax];
   uint16_t reason_[kBatchMax];
   uint16_t tenant_[kBatchMax];

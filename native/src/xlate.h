@@ -49,8 +49,11 @@ struct TraceEvent {
   std::string text;  // match (TABLE), action text (ACTION), or a note
 };
 
+struct TunnelTerm;
+
 struct XlateEnv {
   const Classifier* tables = nullptr;                           // [kNumTables]
+  const std::vector<TunnelTerm>* terms = nullptr;               // VTEPs terminated (tunnel_term.h)
   const std::unordered_map<uint32_t, GroupPtr>* groups = nullptr;
   const PortTable* ports = nullptr;
   const std::unordered_map<uint64_t, uint16_t>* tenants = nullptr;  // metadata -> tenant index

@@ -31,12 +31,11 @@ struct Match {
   Flow mask{};
 };
 
+// One value per line of of_actions.def.
 enum class OfAct : uint8_t {
-  OUTPUT, IN_PORT, FLOOD, ALL, DROP,
-  SET_FIELD, LOAD, MOVE,
-  MOD_DL_SRC, MOD_DL_DST, MOD_NW_SRC, MOD_NW_DST, MOD_NW_TOS, MOD_TP_SRC, MOD_TP_DST,
-  MOD_VLAN_VID, MOD_VLAN_PCP, PUSH_VLAN, POP_VLAN, STRIP_VLAN,
-  DEC_TTL, GOTO_TABLE, RESUBMIT, WRITE_METADATA, NOTE, GROUP,
+#define DPU_OFACT(e, k, f) e,
+#include "dpu/of_actions.def"
+#undef DPU_OFACT
 };
 
 struct OfAction {

@@ -1,0 +1,50 @@
+// ofparse_util.h: the pieces of ovs-ofctl text parsing that the flow/group
+// parser (ofparse.cc) and the per-action parsers (ofactions.cc) share.
+//
+// An Item is one comma/blank-separated element of a flow: `key`,
+// `key=value`, `key:value` or `key(value)`, with its character positions in
+// the line, so that every error can point at what is wrong.
+//
+// Pure functions; any thread. Internal to the core (not a public header).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dpu/rule.h"
+#include "dpu/status.h"
+
+namespace dpu {
+namespace ofp {
+
+inline bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+struct Item {
+  std::string_view key, value;
+  int pos = 0, value_pos = 0;  // positions in the line
+  bool has_value = false;
+  bool parens = false;         // key(value)
+  std::string_view whole;
+};
+
+// Splits `s` (which starts at line offset `base`) into items.
+Status split_items(std::string_view s, int base, std::vector<Item>* out);
+// An error pointing at token `tok` at `pos`.
+Status err_at(Err code, const std::string& msg, std::string_view tok, int pos);
+// Re-anchors an error from a value parser at the item's value.
+Status at_value(Status s, const Item& it);
+// A plain number (decimal or 0x hex) of at most `bits` bits.
+bool parse_u(std::string_view s, int bits, uint64_t* out);
+// NAME[], NAME[n], NAME[a..b]
+Status parse_subfield(std::string_view s, int pos, const FieldDef** f, uint16_t* ofs, uint16_t* n);
+// A port name, number, or in_port (kPortInPort).
+Status parse_port_arg(std::string_view s, int pos, const PortNames* ports, uint32_t* out);
+
+// Parses an action list (the text after "actions="); `match`, when given, is
+// the flow's match, against which write prerequisites are checked.
+Status parse_action_list(std::string_view text, int base, const PortNames* ports, uint8_t table,
+                         std::vector<OfAction>* out, const Match* match);
+
+}  // namespace ofp
+}  // namespace dpu
