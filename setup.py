@@ -38,8 +38,8 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-wrapv"] if os.environ.get("DPU
 if SANITIZE:  # DPU_DEBUG=1: both extensions under ASan+UBSan (preload libasan/libubsan to run)
     CXXFLAGS = [f for f in CXXFLAGS if f != "-O3"] + ["-O0", "-g"] + SANITIZE
 
-CORE_SOURCES = sorted(glob("native/src/*.cc")) + ["native/bindings/module.cc"]
-HEADERS = sorted(glob("native/include/dpu/*")) + sorted(glob("native/src/*.h"))
+CORE_SOURCES = sorted(glob("native/src/*.cc")) + sorted(glob("native/src/*/*.cc")) + ["native/bindings/module.cc"]
+HEADERS = sorted(glob("native/include/dpu/*")) + sorted(glob("native/src/*.h")) + sorted(glob("native/src/*/*.h"))
 
 ext_modules = [
     Pybind11Extension(

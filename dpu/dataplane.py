@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from . import _core
-from .errors import DpuError, FlowParseError, UnknownPortError
+from .errors import DpuError, FlowParseError, InvalidArgumentError, UnknownPortError
 
 PacketLike = Union[bytes, bytearray, memoryview, Any]  # Any: a scapy packet
 
@@ -71,6 +71,28 @@ class Group(str):
         return self
 
 
+class Connection(str):
+    """One line of :meth:`Dataplane.conntrack`, in the shape of
+    ``ovs-appctl dpctl/dump-conntrack``, with its fields."""
+
+    proto: int
+    zone: int
+    orig: dict    # src, dst, sport, dport (ICMP: id, type, code)
+    reply: dict
+    mark: int
+    label: int
+    state: Optional[str]  # TCP state (ESTABLISHED, TIME_WAIT...), None for UDP/ICMP
+    expires_in: float     # seconds until it expires if idle
+    snat: bool
+    dnat: bool
+
+    def __new__(cls, d: dict):
+        self = super().__new__(cls, d["text"])
+        for k in ("proto", "zone", "orig", "reply", "mark", "label", "state", "expires_in", "snat", "dnat"):
+            setattr(self, k, d[k])
+        return self
+
+
 @dataclass
 class Output:
     """A packet the dataplane sent: to ``port``, descended from input number ``index``."""
@@ -90,12 +112,15 @@ class TracePass:
     megaflow: str
     datapath_actions: str
     drop_reason: Optional[str]
+    recirc_id: int = 0
+    conntrack: List[str] = field(default_factory=list)  # what the conntrack stage did after this pass
 
 
 @dataclass
 class Trace:
-    """What :meth:`Dataplane.trace` found: one pass per lookup (a tunnel pop adds
-    one), the packets the datapath really emitted, and the drop reason if none."""
+    """What :meth:`Dataplane.trace` found: one pass per lookup (a tunnel pop or a
+    conntrack recirculation adds one), the packets the datapath really emitted,
+    and the drop reason if none."""
 
     passes: List[TracePass]
     outputs: List[Tuple[str, bytes]]
@@ -120,6 +145,8 @@ class Transaction:
         self.del_ports: List[str] = []
         self.ops: List[Tuple[str, str]] = []
         self.tenants: Optional[List[Tuple[str, int]]] = None
+        self.ct_zones: Optional[List[Tuple[int, int, bool]]] = None
+        self.nat_static: Optional[List[tuple]] = None
         self.create_ports = create_ports
         self.result: Optional[dict] = None
 
@@ -162,8 +189,19 @@ class Transaction:
         a packet carries at the end of its pipeline walk."""
         self.tenants = [(n, int(m)) for n, m in tenants]
 
+    def set_ct_zones(self, zones: Sequence[Tuple[int, int, bool]]) -> None:
+        """Conntrack zone settings, replacing all others: (zone, connection
+        limit or 0, endpoint-independent filtering)."""
+        self.ct_zones = [(int(z), int(limit), bool(eif)) for z, limit, eif in zones]
+
+    def set_nat_static(self, mappings: Sequence[tuple]) -> None:
+        """Static NAT mappings (port forwards), replacing all others:
+        (zone, protocol number, internal ip, internal port, public ip, public port)."""
+        self.nat_static = [tuple(m) for m in mappings]
+
     def commit(self) -> dict:
-        self.result = self._dp._core.apply(self.add_ports, self.del_ports, self.ops, self.tenants, self.create_ports)
+        self.result = self._dp._core.apply(self.add_ports, self.del_ports, self.ops, self.tenants, self.create_ports,
+                                           self.ct_zones, self.nat_static)
         return self.result
 
     def __enter__(self) -> "Transaction":
@@ -243,8 +281,11 @@ class Dataplane:
     ['vm2']
     """
 
-    def __init__(self, ports: Iterable[str] = (), flows: Union[None, str, Iterable[str]] = None) -> None:
-        self._core = _core.Dataplane()
+    def __init__(self, ports: Iterable[str] = (), flows: Union[None, str, Iterable[str]] = None,
+                 workers: int = 1) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
+            raise InvalidArgumentError(f"workers must be 1..64, got {workers!r}")
+        self._core = _core.Dataplane(workers)
         self.topology = None
         names = list(ports)
         if names or flows:
@@ -391,11 +432,15 @@ class Dataplane:
         packets: Union[PacketLike, Sequence[PacketLike], Sequence[Tuple[str, PacketLike]]],
         in_port: Optional[str] = None,
         timestamps: Optional[Sequence[int]] = None,
+        worker: int = 0,
     ) -> List[Output]:
         """Runs packets through the pipeline and returns what came out, in order.
 
         ``packets`` is one packet, a list of packets (all from ``in_port``), or a
-        list of ``(in_port, packet)`` pairs."""
+        list of ``(in_port, packet)`` pairs. ``timestamps`` (ns, one per packet)
+        are carried to the outputs and drive the conntrack clock. ``worker``
+        picks the worker (the GIL is released: calls on different workers run
+        in parallel)."""
         if isinstance(packets, (bytes, bytearray, memoryview)) or not isinstance(packets, (list, tuple)):
             packets = [packets]
         datas: List[bytes] = []
@@ -418,7 +463,7 @@ class Dataplane:
             offsets[1:] = np.cumsum(lens[:-1], dtype=np.uint64)
         ts = None if timestamps is None else np.asarray(timestamps, dtype=np.uint64)
         blob, o_port, o_index, o_off, o_len, o_ts = self._core.process(
-            b"".join(datas), offsets, lens, np.asarray(ports, dtype=np.uint32), ts
+            b"".join(datas), offsets, lens, np.asarray(ports, dtype=np.uint32), ts, worker
         )
         names: Dict[int, str] = {}
         out = []
@@ -461,15 +506,38 @@ class Dataplane:
                 tables.append(
                     {"table": t, "active": active, "lookups": lookups, "matches": matches, "misses": lookups - matches}
                 )
-        return {"ports": ports, "tables": tables, "tenants": tenants, "pmd": raw["pmd"]}
+        return {"ports": ports, "tables": tables, "tenants": tenants, "pmd": raw["pmd"],
+                "conntrack": self._core.ct_stats()}
 
     def set_tenants(self, tenants: Sequence[Tuple[str, int]]) -> None:
         with self.transaction() as t:
             t.set_tenants(tenants)
 
+    # ---- connection tracking ---------------------------------------------------------------
+    def conntrack(self, zone: Optional[int] = None) -> List[Connection]:
+        """The connection table (one zone, or all), like ``ovs-appctl dpctl/dump-conntrack``."""
+        return [Connection(d) for d in self._core.ct_dump(-1 if zone is None else _zone(zone))]
+
+    def ct_flush(self, zone: Optional[int] = None) -> int:
+        """Removes the connections of one zone (or all); returns how many."""
+        return self._core.ct_flush(-1 if zone is None else _zone(zone))
+
+    def ct_config(self, timeouts: Optional[Dict[str, float]] = None, max_connections: Optional[int] = None) -> dict:
+        """Sets (when given) and returns the conntrack timeouts in seconds
+        (tcp_established, tcp_transitory, udp, icmp) and the connection limit."""
+        if timeouts or max_connections is not None:
+            self._core.set_ct_config(dict(timeouts or {}), max_connections)
+        return self._core.ct_config()
+
     def warp(self, seconds: float) -> None:
         """Advances this dataplane's clock (tests: flow durations, later aging)."""
         self._core.warp(int(seconds * 1e9))
+
+
+def _zone(zone) -> int:
+    if isinstance(zone, bool) or not isinstance(zone, int) or not 0 <= zone <= 65535:
+        raise InvalidArgumentError(f"zone must be 0..65535, got {zone!r}")
+    return zone
 
 
 def _relocate(e: DpuError, path: str) -> str:

@@ -33,13 +33,19 @@ def _render_pass(p, lines: List[str]) -> None:
     lines.append(f"Final flow: {p.final_flow}")
     lines.append(f"Megaflow: {p.megaflow}")
     lines.append(f"Datapath actions: {p.datapath_actions}")
+    for c in p.conntrack:
+        lines.append(f"  {c}")
 
 
 def render_trace(trace) -> str:
     lines: List[str] = []
     for i, p in enumerate(trace.passes):
         if i:
-            lines += ["", RULE, f"tunnel pop: looked up again with in_port={p.in_port}", RULE]
+            if p.recirc_id:
+                head = f"recirc({p.recirc_id:#x}) - resume conntrack with its state in the key"
+            else:
+                head = f"tunnel pop: looked up again with in_port={p.in_port}"
+            lines += ["", RULE, head, RULE]
         _render_pass(p, lines)
     lines.append("")
     if trace.outputs:

@@ -22,6 +22,7 @@
 
 namespace py = pybind11;
 using namespace dpu;
+using DataplaneClass = py::class_<Dataplane>;
 
 namespace {
 
@@ -171,7 +172,7 @@ const char* const kOpNames[] = {"add_flow", "mod_flows", "mod_flows_strict", "de
 // (kind, text), tenants (None: unchanged), create_ports. Applied atomically.
 py::dict apply_txn(Dataplane& dp, const py::list& add_ports, const std::vector<std::string>& del_ports,
                    const std::vector<std::pair<std::string, std::string>>& ops, const py::object& tenants,
-                   bool create_ports) {
+                   bool create_ports, const py::object& ct_zones, const py::object& nat_static) {
   Txn txn;
   for (const auto& p : add_ports) txn.add_ports.push_back(port_spec(p.cast<py::dict>()));
   txn.del_ports = del_ports;
@@ -193,6 +194,25 @@ py::dict apply_txn(Dataplane& dp, const py::list& add_ports, const std::vector<s
       txn.tenants.push_back({t.first, t.second});
   }
   txn.create_ports = create_ports;
+  if (!ct_zones.is_none()) {  // [(zone, limit, endpoint_independent_filtering)]
+    txn.set_ct_zones = true;
+    for (const auto& z : ct_zones.cast<std::vector<std::tuple<uint16_t, uint32_t, bool>>>())
+      txn.ct_zones.push_back({std::get<0>(z), CtZoneCfg{std::get<1>(z), std::get<2>(z)}});
+  }
+  if (!nat_static.is_none()) {  // [(zone, proto, internal ip, internal port, public ip, public port)]
+    txn.set_nat_static = true;
+    for (const auto& m : nat_static.cast<std::vector<std::tuple<uint16_t, uint8_t, std::string, uint16_t, std::string, uint16_t>>>()) {
+      StaticMapping sm;
+      sm.zone = std::get<0>(m);
+      sm.proto = std::get<1>(m);
+      if (inet_pton(AF_INET, std::get<2>(m).c_str(), &sm.int_addr) != 1 ||
+          inet_pton(AF_INET, std::get<4>(m).c_str(), &sm.ext_addr) != 1)
+        raise_status(Status::Error(Err::INVALID, "NAT mapping needs IPv4 addresses"));
+      sm.int_port = be16(std::get<3>(m));
+      sm.ext_port = be16(std::get<5>(m));
+      txn.nat_static.push_back(sm);
+    }
+  }
   TxnResult res;
   Status st;
   {
@@ -210,6 +230,129 @@ py::dict apply_txn(Dataplane& dp, const py::list& add_ports, const std::vector<s
   d["ports_added"] = res.ports_added;
   d["version"] = res.version;
   return d;
+}
+
+// ---- conntrack ----------------------------------------------------------------------------------
+
+const char* const kTimeoutNames[TM_COUNT] = {"tcp_transitory", "tcp_established", "udp", "icmp"};
+
+py::dict ct_key_dict(const CtKey& k) {
+  py::dict d;
+  char a[64], b[64];
+  inet_ntop(k.v6 ? AF_INET6 : AF_INET, k.src, a, sizeof a);
+  inet_ntop(k.v6 ? AF_INET6 : AF_INET, k.dst, b, sizeof b);
+  d["src"] = std::string(a);
+  d["dst"] = std::string(b);
+  if (k.proto == kIpIcmp || k.proto == kIpIcmpv6) {
+    uint8_t tc[2];
+    std::memcpy(tc, &k.dport, 2);
+    d["id"] = be16(k.sport);
+    d["type"] = tc[0];
+    d["code"] = tc[1];
+  } else {
+    d["sport"] = be16(k.sport);
+    d["dport"] = be16(k.dport);
+  }
+  return d;
+}
+
+py::list ct_dump(Dataplane& dp, int zone) {
+  std::vector<Conntrack::Entry> v;
+  {
+    py::gil_scoped_release nogil;
+    dp.conntrack().dump(zone, &v);
+  }
+  py::list l;
+  for (const auto& e : v) {
+    py::dict d;
+    d["text"] = Conntrack::format(e);
+    d["proto"] = e.orig.proto;
+    d["zone"] = e.orig.zone;
+    d["orig"] = ct_key_dict(e.orig);
+    d["reply"] = ct_key_dict(e.reply);
+    d["mark"] = e.mark;
+    d["label"] = py::int_(py::reinterpret_steal<py::object>(
+        PyLong_FromString(hex_u128(e.label).c_str(), nullptr, 16)));
+    d["state"] = e.protoinfo ? py::cast(std::string(e.protoinfo)) : py::none();
+    d["expires_in"] = static_cast<double>(e.expires_in_ns) / 1e9;
+    d["snat"] = (e.nat & kNatSrc) != 0;
+    d["dnat"] = (e.nat & kNatDst) != 0;
+    l.append(d);
+  }
+  return l;
+}
+
+py::dict ct_stats(Dataplane& dp) {
+  Conntrack& ct = dp.conntrack();
+  py::dict d;
+  d["connections"] = ct.count();
+  std::vector<std::pair<uint16_t, uint32_t>> zones;
+  ct.zone_counts(&zones);
+  py::dict z;
+  for (const auto& kv : zones) z[py::int_(kv.first)] = kv.second;
+  d["zones"] = z;
+  d["bytes_per_connection"] = ct.bytes_per_conn();
+  d["table_bytes"] = ct.table_bytes();
+  d["max_connections"] = ct.config().max_conns;
+  d["nat_mappings"] = ct.nat().mappings();
+  d["recirc_ids"] = dp.recirc().size();
+  uint64_t created = 0, expired = 0, removed = 0;
+  for (size_t i = 0; i < dp.n_workers(); i++) {
+    std::lock_guard<std::mutex> g(dp.worker(i).mu);
+    created += dp.worker(i).ct_worker().created;
+    expired += dp.worker(i).ct_worker().expired;
+    removed += dp.worker(i).ct_worker().removed;
+  }
+  d["created"] = created;
+  d["expired"] = expired;
+  d["removed"] = removed;
+  return d;
+}
+
+py::dict ct_config_get(Dataplane& dp) {
+  CtConfig c = dp.conntrack().config();
+  py::dict t;
+  for (int i = 0; i < TM_COUNT; i++) t[kTimeoutNames[i]] = static_cast<double>(c.timeout_ns[i]) / 1e9;
+  py::dict d;
+  d["timeouts"] = t;
+  d["max_connections"] = c.max_conns;
+  return d;
+}
+
+void ct_config_set(Dataplane& dp, const py::dict& timeouts, const py::object& max_conns) {
+  CtConfig c = dp.conntrack().config();
+  for (auto kv : timeouts) {
+    std::string k = kv.first.cast<std::string>();
+    int i = 0;
+    while (i < TM_COUNT && k != kTimeoutNames[i]) i++;
+    if (i == TM_COUNT)
+      raise_status(Status::Error(Err::INVALID, "unknown conntrack timeout '" + k +
+                                                   "' (tcp_established, tcp_transitory, udp, icmp)"));
+    double sec = kv.second.cast<double>();
+    if (!(sec > 0) || sec > 30.0 * 24 * 3600)
+      raise_status(Status::Error(Err::INVALID, "conntrack timeout " + k + " must be between 0 and 30 days (seconds)"));
+    c.timeout_ns[i] = static_cast<int64_t>(sec * 1e9);
+  }
+  if (!max_conns.is_none()) {
+    int64_t m = max_conns.cast<int64_t>();
+    if (m < 1 || m > (1ll << 30))
+      raise_status(Status::Error(Err::INVALID, "max_connections must be 1..1073741824"));
+    c.max_conns = static_cast<uint32_t>(m);
+  }
+  dp.conntrack().set_config(c);
+}
+
+void bind_conntrack(DataplaneClass& c) {
+  c.def("ct_dump", &ct_dump, py::arg("zone") = -1)
+      .def("ct_flush",
+           [](Dataplane& dp, int zone) {
+             py::gil_scoped_release nogil;
+             return dp.conntrack().flush(zone);
+           },
+           py::arg("zone") = -1)
+      .def("ct_stats", &ct_stats)
+      .def("ct_config", &ct_config_get)
+      .def("set_ct_config", &ct_config_set, py::arg("timeouts"), py::arg("max_connections"));
 }
 
 // ---- module-level helpers: clock calibration, self-tests, drop reasons -------------------
@@ -241,7 +384,7 @@ void bind_module_functions(py::module_& m) {
       for (size_t i = 0; i < kKeyWords; i++) a[i] = b[i] = (rnd() & 3) ? rnd() : 0;
       if (rnd() & 1) b[rnd() % kKeyWords] ^= 1ull << (rnd() % 64);
       if (Emc::same(a, b) != Emc::same_plain(a, b)) mismatches++;
-      uint8_t buf[200];
+      uint8_t buf[kKeyBytes + 16];
       std::memset(buf, 0xaa, sizeof buf);
       zero_fixed<kKeyBytes>(buf + 1);
       for (size_t i = 0; i < sizeof buf; i++)
@@ -303,15 +446,15 @@ void bind_replayer(py::module_& m) {
       .def("outputs", &Replayer::outputs);
 }
 
-using DataplaneClass = py::class_<Dataplane>;
 
 // ---- control: transactions, ports, tenants, dumps ----------------------------------------------
 void bind_control(DataplaneClass& c) {
-  c.def(py::init<>())
+  c.def(py::init<size_t>(), py::arg("workers") = 1)
       .def(
           "apply",
           apply_txn,
-          py::arg("add_ports"), py::arg("del_ports"), py::arg("ops"), py::arg("tenants"), py::arg("create_ports"))
+          py::arg("add_ports"), py::arg("del_ports"), py::arg("ops"), py::arg("tenants"), py::arg("create_ports"),
+          py::arg("ct_zones") = py::none(), py::arg("nat_static") = py::none())
       .def("ports",
            [](Dataplane& dp) {
              py::list l;
@@ -417,6 +560,8 @@ void bind_trace(DataplaneClass& c) {
                d["final_flow"] = p.final_flow;
                d["megaflow"] = p.megaflow;
                d["datapath_actions"] = p.actions;
+               d["recirc_id"] = p.recirc_id;
+               d["conntrack"] = p.conntrack;
                d["drop_reason"] = p.drop_reason ? py::cast(drop_reason_name(p.drop_reason)) : py::none();
                passes.append(d);
              }
@@ -437,7 +582,8 @@ void bind_packets(DataplaneClass& c) {
   c.def("process",
            [](Dataplane& dp, const py::bytes& data, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> offsets,
               py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lens,
-              py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ports, const py::object& ts_obj) {
+              py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ports, const py::object& ts_obj,
+              size_t worker) {
              size_t n = static_cast<size_t>(offsets.size());
              std::string_view buf = data;
              const uint64_t* off = arr_ptr(offsets, n, "offsets");
@@ -455,7 +601,7 @@ void bind_packets(DataplaneClass& c) {
              Status st;
              {
                py::gil_scoped_release nogil;
-               st = process_buffers(&dp, reinterpret_cast<const uint8_t*>(buf.data()), off, ln, pt, tsp, n, &out);
+               st = process_buffers(&dp, reinterpret_cast<const uint8_t*>(buf.data()), off, ln, pt, tsp, n, &out, worker);
              }
              check(st);
              size_t k = out.pkts.size();
@@ -475,7 +621,9 @@ void bind_packets(DataplaneClass& c) {
              }
              return py::make_tuple(py::bytes(reinterpret_cast<const char*>(out.data.data()), out.data.size()), o_port,
                                    o_index, o_off, o_len, o_ts);
-           })
+           },
+           py::arg("data"), py::arg("offsets"), py::arg("lens"), py::arg("ports"), py::arg("timestamps"),
+           py::arg("worker") = 0)
       .def("bench",
            [](Dataplane& dp, const py::bytes& data, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> offsets,
               py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lens,
@@ -556,4 +704,5 @@ PYBIND11_MODULE(_core, m) {
   bind_counters(dp);
   bind_trace(dp);
   bind_packets(dp);
+  bind_conntrack(dp);
 }

@@ -9,6 +9,8 @@
 #include <set>
 #include <unordered_set>
 
+#include <arpa/inet.h>
+
 #include "parse.h"
 
 namespace dpu {
@@ -62,7 +64,9 @@ class Dataplane::TxnPorts : public PortNames {
   std::set<uint32_t> deleted_;
 };
 
-Dataplane::Dataplane() { workers_.push_back(std::make_unique<Worker>(this, 8192)); }
+Dataplane::Dataplane(size_t n_workers) {
+  for (size_t i = 0; i < std::max<size_t>(n_workers, 1); i++) workers_.push_back(std::make_unique<Worker>(this, 8192));
+}
 Dataplane::~Dataplane() = default;
 
 int64_t Dataplane::now_ns() const {
@@ -453,6 +457,9 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
   commit_ports(txn, tp, new_ports, res);
   commit_ops(txn, parsed, res);
   if (txn.set_tenants) commit_tenants(txn.tenants);
+  if (txn.set_ct_zones) ct_.set_zones(txn.ct_zones);
+  if (txn.set_nat_static) ct_.nat().set_static(txn.nat_static);
+  recirc_.clear();  // every cache is flushed before the next batch: old ids are unused
   res->version = version_.fetch_add(1, std::memory_order_acq_rel) + 1;
   return Status::Ok();
 }
@@ -568,6 +575,7 @@ void Dataplane::upcall(const Flow& key, XlateOut* out, std::vector<TraceEvent>* 
   env.ports = &ports_;
   env.terms = &terms_;
   env.tenants = &tenant_index_;
+  env.recirc = &recirc_;
   xlate(env, key, out, trace);
 }
 
@@ -631,7 +639,18 @@ std::string Dataplane::flow_text(const Flow& f, bool with_pipeline) const {
       k.tun_src = k.tun_dst = 0xffffffffu;
     }
   }
-  if (f.ct_state) k.ct_state = 0xffffffffu;
+  if (f.ct_state) {
+    k.ct_state = 0xff;
+    k.ct_zone = 0xffff;
+    k.ct_mark = 0xffffffffu;
+    std::memset(k.ct_label, 0xff, 16);
+    if (f.ct_nw_proto) {
+      k.ct_nw_proto = 0xff;
+      k.ct_tp_src = k.ct_tp_dst = 0xffff;
+      if (f.dl_type == be16(kEthIpv6)) std::memset(k.ct_ipv6_src, 0xff, 32);
+      else k.ct_nw_src = k.ct_nw_dst = 0xffffffffu;
+    }
+  }
   std::memset(k.dl_dst, 0xff, 12);
   k.dl_type = 0xffff;
   k.vlan_tci = 0xffff;
@@ -660,6 +679,43 @@ std::string Dataplane::flow_text(const Flow& f, bool with_pipeline) const {
   return format_match(m, 0, false, &ports_);
 }
 
+// "tcp 10.0.1.11:40000 > 198.51.100.1:80" (ICMP: "icmp 10.0.1.11 > 8.8.8.8 id 7 type 8").
+static std::string tuple_text(const CtKey& k) {
+  auto addr = [&](const uint32_t* a) {
+    char b[64];
+    inet_ntop(k.v6 ? AF_INET6 : AF_INET, a, b, sizeof b);
+    return std::string(b);
+  };
+  std::string proto = k.proto == kIpTcp ? "tcp" : k.proto == kIpUdp ? "udp" : k.proto == kIpIcmp ? "icmp"
+                      : k.proto == kIpIcmpv6 ? "icmpv6" : std::to_string(k.proto);
+  if (k.proto == kIpIcmp || k.proto == kIpIcmpv6) {
+    uint8_t tc[2];
+    std::memcpy(tc, &k.dport, 2);
+    return proto + " " + addr(k.src) + " > " + addr(k.dst) + " id " + std::to_string(be16(k.sport)) + " type " +
+           std::to_string(tc[0]);
+  }
+  return proto + " " + addr(k.src) + ":" + std::to_string(be16(k.sport)) + " > " + addr(k.dst) + ":" +
+         std::to_string(be16(k.dport));
+}
+
+static std::string ct_result_text(const CtSpec& spec, const CtResult& r) {
+  std::string s = "conntrack zone " + std::to_string(spec.zone) + ": ";
+  if (r.drop != DROP_NONE) return s + tuple_text(r.before) + ": dropped (" + drop_reason_name(r.drop) + ")";
+  s += "ct_state=" + format_field_value(field_def(FieldId::CT_STATE), r.state, r.state, nullptr);
+  if (r.state & kCsInvalid) return s;
+  s += " " + tuple_text(r.before);
+  if (r.created) s += ", new connection committed (a trace commits nothing)";
+  if (r.nat_applied) s += ", translated to " + tuple_text(r.after);
+  if (r.mark) s += ", ct_mark=" + hex_u128(r.mark);
+  if (r.label) s += ", ct_label=" + hex_u128(r.label);
+  if (spec.recirc_id) s += "; recirculate (recirc_id=" + std::to_string(spec.recirc_id) + ")";
+  return s;
+}
+
+// A trace is the packet through a private worker that walks the tables on
+// every pass, records each walk and each conntrack result, changes no
+// connection (dry run) and credits no rule; what that worker emits is what
+// the datapath would emit.
 Status Dataplane::trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceResult* out) {
   {
     std::shared_lock<std::shared_mutex> rl(lock_);
@@ -669,49 +725,41 @@ Status Dataplane::trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceR
   if (len > Packet::capacity())
     return Status::Error(Err::INVALID, "packet of " + std::to_string(len) + " bytes exceeds the " +
                                            std::to_string(Packet::capacity()) + "-byte buffer");
-  auto scratch = std::make_unique<Packet>();
-  scratch->reset();
-  std::memcpy(scratch->data(), pkt, len);
-  scratch->len = static_cast<uint16_t>(len);
-  scratch->md.in_port = in_port;
-  for (int pass = 0; pass < kMaxPasses; pass++) {
-    Flow key;
-    parse_packet(scratch.get(), &key);
-    TracePass tp;
-    tp.in_port = scratch->md.in_port;
-    XlateOut xo;
-    upcall(key, &xo, &tp.events);
-    std::shared_lock<std::shared_mutex> rl(lock_);
-    tp.flow = flow_text(key, false);
-    tp.final_flow = flow_text(xo.final_flow, true);
-    Match mf;
-    mf.mask = xo.wc;
-    std::memset(reinterpret_cast<uint8_t*>(&mf.mask) + kKeyBytes, 0, sizeof(Flow) - kKeyBytes);
-    flow_and(mf.value, key, mf.mask);
-    tp.megaflow = format_match(mf, 0, false, &ports_);
-    tp.actions = format_dp_actions(xo.actions, &ports_);
-    tp.drop_reason = xo.drop_reason;
-    out->passes.push_back(std::move(tp));
-    if (xo.actions.empty() || xo.actions.back().type != Dp::TNL_POP) break;
-    uint16_t r = Worker::tnl_pop(scratch.get(), xo.actions.back());
-    if (r != DROP_NONE) {
-      out->passes.back().drop_reason = r;
-      break;
-    }
-  }
-  // What the datapath really emits: the packet through a private worker whose
-  // counters and caches are thrown away afterwards.
-  class Capture : public PortSink {
+  class Recorder : public TraceRecorder, public PortSink {
    public:
-    explicit Capture(TraceResult* o) : o_(o) {}
+    Recorder(Dataplane* dp, TraceResult* o) : dp_(dp), o_(o) {}
+    void walk(const Flow& key, const XlateOut& xo, std::vector<TraceEvent>&& events) override {
+      TracePass tp;
+      tp.in_port = key.in_port;
+      tp.recirc_id = key.recirc_id;
+      tp.events = std::move(events);
+      tp.actions = format_dp_actions(xo.actions, &dp_->ports_);
+      tp.drop_reason = xo.drop_reason;
+      std::shared_lock<std::shared_mutex> rl(dp_->lock_);
+      tp.flow = dp_->flow_text(key, false);
+      tp.final_flow = dp_->flow_text(xo.final_flow, true);
+      Match mf;
+      mf.mask = xo.wc;
+      std::memset(reinterpret_cast<uint8_t*>(&mf.mask) + kKeyBytes, 0, sizeof(Flow) - kKeyBytes);
+      flow_and(mf.value, key, mf.mask);
+      tp.megaflow = format_match(mf, 0, false, &dp_->ports_);
+      o_->passes.push_back(std::move(tp));
+    }
+    void conntrack(const CtSpec& spec, const CtResult& r) override {
+      if (!o_->passes.empty()) o_->passes.back().conntrack.push_back(ct_result_text(spec, r));
+    }
     void send(uint32_t port, Packet* const* pkts, uint32_t n) override {
       for (uint32_t i = 0; i < n; i++)
         o_->outputs.emplace_back(port, std::vector<uint8_t>(pkts[i]->data(), pkts[i]->data() + pkts[i]->len));
     }
+
+   private:
+    Dataplane* dp_;
     TraceResult* o_;
-  } cap(out);
+  } rec(this, out);
   Worker w(this, 256);
-  w.set_sink(&cap);
+  w.set_trace(&rec);
+  w.set_sink(&rec);
   Batch b;
   Packet* p = w.pool().get();
   std::memcpy(p->data(), pkt, len);

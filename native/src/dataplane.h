@@ -30,9 +30,11 @@
 #include <vector>
 
 #include "classifier.h"
+#include "conntrack/conntrack.h"
 #include "dpu/ofparse.h"
 #include "dpu/status.h"
 #include "ports.h"
+#include "recirc.h"
 #include "worker.h"
 #include "xlate.h"
 
@@ -60,6 +62,12 @@ struct TxnOp {
 
 struct Txn {
   std::vector<PortSpec> add_ports;
+  // conntrack: zone settings (tenant quotas, filtering) and NAT port forwards,
+  // replaced as a whole when set
+  bool set_ct_zones = false;
+  std::vector<std::pair<uint16_t, CtZoneCfg>> ct_zones;
+  bool set_nat_static = false;
+  std::vector<StaticMapping> nat_static;
   std::vector<std::string> del_ports;
   std::vector<TxnOp> ops;
   bool set_tenants = false;
@@ -91,9 +99,11 @@ struct GroupDump {
 
 struct TracePass {
   uint32_t in_port = 0;
+  uint32_t recirc_id = 0;
   std::string flow;
   std::vector<TraceEvent> events;
   std::string final_flow, megaflow, actions;
+  std::vector<std::string> conntrack;  // what the conntrack stage did after this pass
   uint16_t drop_reason = DROP_NONE;
 };
 
@@ -112,7 +122,7 @@ struct Totals {
 
 class Dataplane {
  public:
-  Dataplane();
+  explicit Dataplane(size_t n_workers = 1);
   ~Dataplane();
 
   Status apply(const Txn& txn, TxnResult* res);
@@ -133,7 +143,8 @@ class Dataplane {
   uint32_t port_number(const std::string& name);
   std::string port_name(uint32_t p);
 
-  // Workers. Worker 0 serves API calls (process, replay, bench).
+  // Workers. Worker 0 serves API calls (process, replay, bench); any worker
+  // can be given a batch (process_buffers), each on its own thread.
   Worker& worker(size_t i) { return *workers_[i]; }
   size_t n_workers() const { return workers_.size(); }
   void sync_stats();  // push every worker's megaflow counts to the rules
@@ -144,6 +155,10 @@ class Dataplane {
   void credit(const std::vector<XcacheEntry>& xc, uint64_t packets, uint64_t bytes);
   void port_flags(std::vector<uint8_t>* is_tunnel, size_t* n_tenants);
   void tunnel_terms(std::vector<TunnelTerm>* out);
+
+  // Connection tracking (shared by the workers).
+  Conntrack& conntrack() { return ct_; }
+  RecircTable& recirc() { return recirc_; }
 
   // Time (injectable, as OVS's time/warp): monotonic ns plus a test offset.
   int64_t now_ns() const;
@@ -191,6 +206,8 @@ class Dataplane {
   };
   std::vector<TenantSlot> tenant_slots_;
   std::unordered_map<uint64_t, uint16_t> tenant_index_;  // metadata -> slot, active tenants
+  Conntrack ct_;        // before the workers: they detach from it when they go
+  RecircTable recirc_;
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t next_seq_ = 1;
   std::atomic<int64_t> warp_ns_{0};

@@ -42,6 +42,7 @@ Megaflow* Dpcls::insert(const Flow& key, const Flow& wc, XlateOut&& x) {
   mf->tenant = x.tenant;
   mf->actions = std::move(x.actions);
   mf->tnl_hdrs = std::move(x.tnl_hdrs);
+  mf->ct_specs = std::move(x.ct_specs);
   mf->xcache = std::move(x.xcache);
   mf->acts = mf->actions.data();
   mf->n_acts = static_cast<uint32_t>(mf->actions.size());

@@ -48,6 +48,7 @@ struct alignas(64) Megaflow {
   uint32_t hash = 0;
   DpActions actions;
   TnlHeaders tnl_hdrs;
+  CtSpecs ct_specs;
   std::vector<XcacheEntry> xcache;
   uint64_t pushed_packets = 0, pushed_bytes = 0;  // already credited to rules
 };
@@ -134,11 +135,11 @@ class Emc {
     if (b.hash == hash && b.mf && same(b.key, words(key))) return b.mf;
     return nullptr;
   }
-  void prefetch(uint32_t hash) const {
-    const Entry* a = &e_[hash & (kEntries - 1)];
+  void prefetch(uint32_t hash) const {  // the lines an untracked key's compare reads
+    const char* a = reinterpret_cast<const char*>(&e_[hash & (kEntries - 1)]);
     __builtin_prefetch(a);
-    __builtin_prefetch(reinterpret_cast<const char*>(a) + 64);
-    __builtin_prefetch(reinterpret_cast<const char*>(a) + 128);
+    __builtin_prefetch(a + 64);
+    __builtin_prefetch(a + 128);
   }
   void insert(const Flow& key, uint32_t hash, Megaflow* mf) {
     Entry* a = &e_[hash & (kEntries - 1)];
@@ -152,11 +153,14 @@ class Emc {
     for (uint32_t i = 0; i < kEntries; i++) e_[i].mf = nullptr;
   }
 
-  // Whole-key compare without early exits. The AVX2 variant is checked
-  // against same_plain by selftest() (tests/test_selftest.py).
+  // Whole-key compare without early exits (the conntrack words only when
+  // the keys are tracked: equal ct_state bytes, and zero words otherwise).
+  // The AVX2 variant is checked against same_plain by selftest()
+  // (tests/test_selftest.py).
   static bool same_plain(const word_t* a, const word_t* b) {
     uint64_t d = 0;
-    for (size_t i = 0; i < kKeyWords; i++) d |= a[i] ^ b[i];
+    size_t n = key_tracked(a) ? kKeyWords : kKeyHotWords;
+    for (size_t i = 0; i < n; i++) d |= a[i] ^ b[i];
     return d == 0;
   }
   static bool same(const word_t* a, const word_t* b) {
@@ -166,8 +170,12 @@ class Emc {
       d = _mm256_or_si256(d, _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))));
     uint64_t t = (a[16] ^ b[16]) | (a[17] ^ b[17]) | (a[18] ^ b[18]);
-    static_assert(kKeyWords == 19, "four 32-byte lanes plus three words");
-    return _mm256_testz_si256(d, d) && t == 0;
+    static_assert(kKeyHotWords == 19 && kKeyWords == 26, "four lanes and three words, then the conntrack words");
+    if (!_mm256_testz_si256(d, d) || t != 0) return false;
+    if (__builtin_expect(!key_tracked(a), 1)) return true;
+    uint64_t u = 0;
+    for (size_t i = kKeyHotWords; i < kKeyWords; i++) u |= a[i] ^ b[i];
+    return u == 0;
 #else
     return same_plain(a, b);
 #endif

@@ -5,7 +5,8 @@
 // Sets:  header bytes (masked writes with RFC 1624 incremental checksum updates
 //        of IPv4 header, TCP, UDP and ICMPv6 checksums; SCTP's CRC32c is
 //        recomputed), VLAN tags, and the per-arrival output/drop bookkeeping.
-// Next:  per-port tx queues (Worker::emit), or the recirculation list (TNL_POP).
+// Next:  per-port tx queues (Worker::emit), the recirculation list (TNL_POP),
+//        or the conntrack stage (CT, ct_stage.cc).
 //
 // The last action that sends the packet takes the buffer itself; earlier ones
 // send copies. A UDP checksum of 0 over IPv4 means "none" and stays 0; a
@@ -246,6 +247,25 @@ void Worker::run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n
       case Dp::DROP:
         drop(p, act.reason);
         return;
+      case Dp::CT: {
+        if (act.ct->recirc_id == 0) {  // ct without table: the packet itself, the rest after the stage
+          ct_enqueue(p, act, key, a + i + 1, n - i - 1);
+          return;
+        }
+        if (last) {
+          ct_enqueue(p, act, key, nullptr, 0);
+          return;
+        }
+        Packet* c = copy(p);  // the tracked copy resumes elsewhere; this one goes on untracked
+        if (c) ct_enqueue(c, act, key, nullptr, 0);
+        else reason_[p->origin] = DROP_NO_BUFFER;
+        break;
+      }
+      case Dp::CT_CLEAR:
+        p->md.ct_state = 0;
+        p->md.ct_zone = 0;
+        p->md.ct_mark = 0;
+        break;
     }
   }
   drop(p, DROP_NONE);

@@ -25,9 +25,17 @@ const FieldDef kFields[kNumFields] = {
     {FieldId::TUN_DST, "tun_dst", "NXM_NX_TUN_IPV4_DST", OFF(tun_dst), 4, 0, 32, false, true, true, true, Prereq::NONE, Fmt::IPV4},
     {FieldId::TUN_IPV6_SRC, "tun_ipv6_src", "NXM_NX_TUN_IPV6_SRC", OFF(tun_ipv6_src), 16, 0, 128, false, true, true, true, Prereq::NONE, Fmt::IPV6},
     {FieldId::TUN_IPV6_DST, "tun_ipv6_dst", "NXM_NX_TUN_IPV6_DST", OFF(tun_ipv6_dst), 16, 0, 128, false, true, true, true, Prereq::NONE, Fmt::IPV6},
-    {FieldId::CT_STATE, "ct_state", "NXM_NX_CT_STATE", OFF(ct_state), 4, 0, 32, true, true, false, true, Prereq::NONE, Fmt::CT_STATE},
+    {FieldId::CT_STATE, "ct_state", "NXM_NX_CT_STATE", OFF(ct_state), 1, 0, 8, true, true, false, true, Prereq::NONE, Fmt::CT_STATE},
     {FieldId::CT_ZONE, "ct_zone", "NXM_NX_CT_ZONE", OFF(ct_zone), 2, 0, 16, true, false, false, true, Prereq::NONE, Fmt::DEC},
     {FieldId::CT_MARK, "ct_mark", "NXM_NX_CT_MARK", OFF(ct_mark), 4, 0, 32, true, true, false, true, Prereq::NONE, Fmt::HEX},
+    {FieldId::CT_LABEL, "ct_label", "NXM_NX_CT_LABEL", OFF(ct_label), 16, 0, 128, false, true, false, true, Prereq::NONE, Fmt::HEX},
+    {FieldId::CT_NW_PROTO, "ct_nw_proto", "NXM_NX_CT_NW_PROTO", OFF(ct_nw_proto), 1, 0, 8, false, false, false, true, Prereq::CT, Fmt::DEC},
+    {FieldId::CT_NW_SRC, "ct_nw_src", "NXM_NX_CT_NW_SRC", OFF(ct_nw_src), 4, 0, 32, false, true, false, true, Prereq::CT, Fmt::IPV4},
+    {FieldId::CT_NW_DST, "ct_nw_dst", "NXM_NX_CT_NW_DST", OFF(ct_nw_dst), 4, 0, 32, false, true, false, true, Prereq::CT, Fmt::IPV4},
+    {FieldId::CT_IPV6_SRC, "ct_ipv6_src", "NXM_NX_CT_IPV6_SRC", OFF(ct_ipv6_src), 16, 0, 128, false, true, false, true, Prereq::CT, Fmt::IPV6},
+    {FieldId::CT_IPV6_DST, "ct_ipv6_dst", "NXM_NX_CT_IPV6_DST", OFF(ct_ipv6_dst), 16, 0, 128, false, true, false, true, Prereq::CT, Fmt::IPV6},
+    {FieldId::CT_TP_SRC, "ct_tp_src", "NXM_NX_CT_TP_SRC", OFF(ct_tp_src), 2, 0, 16, false, true, false, true, Prereq::CT, Fmt::DEC},
+    {FieldId::CT_TP_DST, "ct_tp_dst", "NXM_NX_CT_TP_DST", OFF(ct_tp_dst), 2, 0, 16, false, true, false, true, Prereq::CT, Fmt::DEC},
     {FieldId::DL_DST, "dl_dst", "NXM_OF_ETH_DST", OFF(dl_dst), 6, 0, 48, false, true, true, true, Prereq::NONE, Fmt::MAC},
     {FieldId::DL_SRC, "dl_src", "NXM_OF_ETH_SRC", OFF(dl_src), 6, 0, 48, false, true, true, true, Prereq::NONE, Fmt::MAC},
     {FieldId::DL_TYPE, "dl_type", "NXM_OF_ETH_TYPE", OFF(dl_type), 2, 0, 16, false, false, false, true, Prereq::NONE, Fmt::HEX},
@@ -493,6 +501,11 @@ bool prereq_met(Prereq p, const Flow& v, const Flow* m) {
       return (type_is(v, m, kEthIp) && proto_is(v, m, kIpIcmp)) || (type_is(v, m, kEthIpv6) && proto_is(v, m, kIpIcmpv6));
     case Prereq::VLAN:
       return (!m || (m->vlan_tci & be16(kVlanPresent))) && (v.vlan_tci & be16(kVlanPresent));
+    case Prereq::CT:
+      if (!m) return v.ct_state & (kCsNew | kCsEstablished | kCsReplyDir);  // a packet: as OVS's CS_VALID_MASK
+      // A match: one of the bits that imply a connection, or an explicit +trk-inv (as OVS).
+      return (v.ct_state & m->ct_state & (kCsNew | kCsEstablished | kCsRelated | kCsReplyDir | kCsSrcNat | kCsDstNat)) ||
+             ((v.ct_state & m->ct_state & kCsTracked) && (m->ct_state & kCsInvalid) && !(v.ct_state & kCsInvalid));
   }
   return false;
 }
@@ -501,6 +514,7 @@ void prereq_unwildcard(Prereq p, Flow& m) {
   switch (p) {
     case Prereq::NONE: return;
     case Prereq::VLAN: m.vlan_tci |= be16(kVlanPresent); return;
+    case Prereq::CT: m.ct_state |= kCsNew | kCsEstablished | kCsReplyDir; return;
     case Prereq::IPV4: case Prereq::IPV6: case Prereq::IP_ANY: case Prereq::ARP:
     case Prereq::IPV4_OR_ARP:
       m.dl_type = 0xffff;
@@ -528,6 +542,7 @@ const char* prereq_text(Prereq p) {
     case Prereq::ICMPV6: return "icmp6";
     case Prereq::ICMP_ANY: return "icmp or icmp6";
     case Prereq::VLAN: return "a VLAN tag (vlan_tci=0x1000/0x1000)";
+    case Prereq::CT: return "a tracked connection (ct_state=+trk+est, +trk+new, ... or +trk-inv)";
   }
   return "?";
 }

@@ -9,6 +9,7 @@
 // xlate_actions.cc. Every error names the offending token and its position.
 //
 // Pure functions; any thread.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -22,8 +23,20 @@ namespace {
 // What an action parser needs besides its own text.
 struct ActCtx {
   const PortNames* ports;
-  uint8_t table;  // table of the flow (goto_table must go further)
+  uint8_t table;         // table of the flow (goto_table must go further)
+  bool ct_exec = false;  // inside ct(exec(...)): ct_mark and ct_label may be written
 };
+
+// ct_mark and ct_label are written only by ct(commit, exec(...)).
+bool ct_writable(const FieldDef& f, const ActCtx& c) {
+  return c.ct_exec && (f.id == FieldId::CT_MARK || f.id == FieldId::CT_LABEL);
+}
+Status not_writable(const FieldDef& f, std::string_view tok, int pos) {
+  if (f.id == FieldId::CT_MARK || f.id == FieldId::CT_LABEL)
+    return err_at(Err::BAD_VALUE, std::string(f.name) + " is written only by ct(commit,exec(set_field:V->" + f.name + "))",
+                  tok, pos);
+  return err_at(Err::BAD_VALUE, std::string(f.name) + " cannot be written", tok, pos);
+}
 
 // Actions Open vSwitch has and dpu does not (yet): a clear error instead of
 // "unknown action".
@@ -32,7 +45,7 @@ const char* const kUnsupportedActions[] = {
     "clone", "conjunction", "exit", "multipath", "bundle", "bundle_load", "encap", "decap",
     "check_pkt_larger", "sample", "fin_timeout", "set_tunnel", "set_tunnel64", "pop_queue",
     "output_reg", "push_mpls", "pop_mpls", "dec_mpls_ttl", "set_mpls_label",
-    "trunc", "stack_push", "stack_pop", "delete_field", "ct", "ct_clear"};
+    "trunc", "stack_push", "stack_pop", "delete_field"};
 
 Status need_value(const Item& it) {
   if (!it.has_value || it.value.empty())
@@ -130,7 +143,7 @@ Status parse_set_field(const Item& it, const ActCtx& c, OfAction* a) {
   if (!s.ok()) return s;
   const FieldDef* f = field_by_name(dst);
   if (!f) return err_at(Err::UNKNOWN_FIELD, "unknown field '" + std::string(dst) + "'", dst, dst_pos);
-  if (!f->writable) return err_at(Err::BAD_VALUE, std::string(f->name) + " cannot be written", dst, dst_pos);
+  if (!f->writable && !ct_writable(*f, c)) return not_writable(*f, dst, dst_pos);
   a->field = f->id;
   s = parse_field_value(*f, src, c.ports, &a->value, &a->mask, true);
   if (!s.ok()) {
@@ -145,7 +158,7 @@ std::string format_set_field(const OfAction& a, const char*, const PortNames* po
 }
 
 // load/move: "SRC->DST[a..b]" with a writable destination subfield.
-Status parse_to_subfield(const Item& it, OfAction* a, std::string_view* src, int* src_pos) {
+Status parse_to_subfield(const Item& it, const ActCtx& c, OfAction* a, std::string_view* src, int* src_pos) {
   std::string_view dst;
   int dst_pos;
   Status s = split_arrow(it, src, &dst, src_pos, &dst_pos);
@@ -153,15 +166,15 @@ Status parse_to_subfield(const Item& it, OfAction* a, std::string_view* src, int
   const FieldDef* df;
   s = parse_subfield(dst, dst_pos, &df, &a->ofs, &a->n_bits);
   if (!s.ok()) return s;
-  if (!df->writable) return err_at(Err::BAD_VALUE, std::string(df->name) + " cannot be written", dst, dst_pos);
+  if (!df->writable && !ct_writable(*df, c)) return not_writable(*df, dst, dst_pos);
   a->field = df->id;
   return Status::Ok();
 }
 
-Status parse_load(const Item& it, const ActCtx&, OfAction* a) {
+Status parse_load(const Item& it, const ActCtx& c, OfAction* a) {
   std::string_view src;
   int src_pos;
-  Status s = parse_to_subfield(it, a, &src, &src_pos);
+  Status s = parse_to_subfield(it, c, a, &src, &src_pos);
   if (!s.ok()) return s;
   u128 val;
   if (!parse_uint(src, a->n_bits, &val))
@@ -174,10 +187,10 @@ std::string format_load(const OfAction& a, const char*, const PortNames*) {
   return "load:" + hex_u128(a.value) + "->" + subfield_text(a.field, a.ofs, a.n_bits);
 }
 
-Status parse_move(const Item& it, const ActCtx&, OfAction* a) {
+Status parse_move(const Item& it, const ActCtx& c, OfAction* a) {
   std::string_view src;
   int src_pos;
-  Status s = parse_to_subfield(it, a, &src, &src_pos);
+  Status s = parse_to_subfield(it, c, a, &src, &src_pos);
   if (!s.ok()) return s;
   const FieldDef* sf;
   uint16_t sn;
@@ -367,6 +380,186 @@ Status parse_group(const Item& it, const ActCtx&, OfAction* a) {
 }
 std::string format_group(const OfAction& a, const char*, const PortNames*) { return "group:" + std::to_string(a.arg); }
 
+// ---- conntrack ------------------------------------------------------------------------------
+
+Status parse_action_list_ctx(std::string_view text, int base, const ActCtx& ctx, std::vector<OfAction>* out,
+                             const Match* match);
+
+// A=B[-C] range of IPv4 addresses or ports.
+bool parse_ipv4_text(std::string_view s, uint32_t* out) {
+  u128 v, m;
+  if (!parse_field_value(field_def(FieldId::NW_SRC), s, nullptr, &v, &m, false).ok() || s.find('/') != s.npos)
+    return false;
+  *out = static_cast<uint32_t>(v);
+  return true;
+}
+
+// nat(src|dst[=A[-B][:P[-Q]]][,persistent][,hash][,random])
+Status parse_nat(const Item& it, NatRange* r) {
+  if (!it.parens) {
+    if (it.has_value) return err_at(Err::PARSE, "nat takes nat or nat(src=...)/nat(dst=...)", it.whole, it.pos);
+    return Status::Ok();
+  }
+  std::vector<Item> sub;
+  Status s = split_items(it.value, it.value_pos, &sub);
+  if (!s.ok()) return s;
+  for (const Item& x : sub) {
+    if (x.key == "src" || x.key == "dst") {
+      if (r->type) return err_at(Err::PARSE, "nat takes one of src or dst", x.whole, x.pos);
+      r->type = x.key == "src" ? 1 : 2;
+      if (!x.has_value) continue;
+      std::string_view v = x.value;
+      if (v.find('[') != v.npos || std::count(v.begin(), v.end(), ':') > 1)
+        return err_at(Err::BAD_VALUE, "NAT of IPv6 addresses is not supported (no NAT66)", v, x.value_pos);
+      std::string_view addrs = v, ports;
+      size_t colon = v.find(':');
+      if (colon != v.npos) {
+        addrs = v.substr(0, colon);
+        ports = v.substr(colon + 1);
+      }
+      size_t dash = addrs.find('-');
+      std::string_view a1 = addrs.substr(0, dash), a2 = dash == addrs.npos ? a1 : addrs.substr(dash + 1);
+      if (!parse_ipv4_text(a1, &r->addr_min) || !parse_ipv4_text(a2, &r->addr_max))
+        return err_at(Err::BAD_VALUE, "nat: '" + std::string(addrs) + "' is not an IPv4 address or range A-B", addrs,
+                      x.value_pos);
+      if (r->addr_min > r->addr_max)
+        return err_at(Err::BAD_VALUE, "nat: address range " + std::string(addrs) + " is reversed", addrs, x.value_pos);
+      if (colon != v.npos) {
+        size_t pd = ports.find('-');
+        uint64_t p1, p2;
+        if (!parse_u(ports.substr(0, pd), 16, &p1) || !parse_u(pd == ports.npos ? ports.substr(0) : ports.substr(pd + 1), 16, &p2) ||
+            p1 == 0 || p2 == 0)
+          return err_at(Err::BAD_VALUE, "nat: '" + std::string(ports) + "' is not a port or range P-Q (1..65535)", ports,
+                        x.value_pos + static_cast<int>(colon) + 1);
+        if (p1 > p2)
+          return err_at(Err::BAD_VALUE, "nat: port range " + std::string(ports) + " is reversed", ports,
+                        x.value_pos + static_cast<int>(colon) + 1);
+        r->port_min = static_cast<uint16_t>(p1);
+        r->port_max = static_cast<uint16_t>(p2);
+      }
+    } else if (x.key == "persistent" && !x.has_value) {
+      r->persistent = true;
+    } else if (x.key == "hash" && !x.has_value) {
+      r->hash = true;
+    } else if (x.key == "random" && !x.has_value) {
+      r->random = true;
+    } else {
+      return err_at(Err::PARSE, "nat(): unknown argument '" + std::string(x.key) + "'", x.whole, x.pos);
+    }
+  }
+  if (r->hash && r->random) return err_at(Err::PARSE, "nat(): hash and random exclude each other", it.whole, it.pos);
+  if (!r->type && (r->persistent || r->hash || r->random))
+    return err_at(Err::PARSE, "nat(): flags need src or dst", it.whole, it.pos);
+  return Status::Ok();
+}
+
+Status parse_ct(const Item& it, const ActCtx& c, OfAction* a) {
+  auto ct = std::make_shared<CtAction>();
+  std::vector<Item> sub;
+  if (it.has_value && !it.parens) return err_at(Err::PARSE, "ct takes ct(...) or ct", it.whole, it.pos);
+  Status s = split_items(it.value, it.value_pos, &sub);
+  if (!s.ok()) return s;
+  bool seen_zone = false, seen_table = false, seen_exec = false;
+  for (const Item& x : sub) {
+    if (x.key == "commit" && !x.has_value) {
+      ct->commit = true;
+    } else if (x.key == "force" && !x.has_value) {
+      ct->force = true;
+    } else if (x.key == "zone" && x.has_value && !x.parens && !seen_zone) {
+      seen_zone = true;
+      uint64_t z;
+      if (parse_u(x.value, 16, &z)) {
+        ct->zone = static_cast<uint16_t>(z);
+        continue;
+      }
+      const FieldDef* f;
+      s = parse_subfield(x.value, x.value_pos, &f, &ct->zone_ofs, &ct->zone_bits);
+      if (!s.ok()) {
+        s.message = "ct zone must be a number 0..65535 or a subfield like NXM_NX_REG0[0..15]: " + s.message;
+        return s;
+      }
+      if (ct->zone_bits > 16)
+        return err_at(Err::BAD_VALUE, "ct zone subfield is " + std::to_string(ct->zone_bits) + " bits, at most 16",
+                      x.value, x.value_pos);
+      ct->zone_from_field = true;
+      ct->zone_field = f->id;
+    } else if (x.key == "table" && x.has_value && !seen_table) {
+      seen_table = true;
+      uint64_t t;
+      if (!parse_u(x.value, 16, &t) || t >= kNumTables)
+        return err_at(Err::UNKNOWN_TABLE, "table " + std::string(x.value) + " out of range (0..254)", x.value,
+                      x.value_pos);
+      ct->table = static_cast<int>(t);
+    } else if (x.key == "nat" && !ct->nat) {
+      ct->nat = true;
+      s = parse_nat(x, &ct->range);
+      if (!s.ok()) return s;
+    } else if (x.key == "exec" && x.parens && !seen_exec) {
+      seen_exec = true;
+      ActCtx inner = c;
+      inner.ct_exec = true;
+      s = parse_action_list_ctx(x.value, x.value_pos, inner, &ct->exec, nullptr);
+      if (!s.ok()) return s;
+      for (const OfAction& e : ct->exec) {
+        bool ok = (e.type == OfAct::SET_FIELD || e.type == OfAct::LOAD) &&
+                  (e.field == FieldId::CT_MARK || e.field == FieldId::CT_LABEL);
+        if (!ok)
+          return err_at(Err::PARSE, "ct exec() takes only set_field or load to ct_mark or ct_label", x.whole, e.pos);
+      }
+    } else if (x.key == "alg") {
+      return err_at(Err::PARSE, "ct alg= (FTP/TFTP helpers) is not supported by dpu", x.whole, x.pos);
+    } else {
+      return err_at(Err::PARSE, "ct(): unknown or repeated argument '" + std::string(x.key) + "'", x.whole, x.pos);
+    }
+  }
+  if ((ct->force || !ct->exec.empty()) && !ct->commit)
+    return err_at(Err::PARSE, std::string(ct->force ? "force" : "exec") + " needs commit (ct(commit,...))", it.whole,
+                  it.pos);
+  a->ct = ct;
+  return Status::Ok();
+}
+
+std::string format_nat(const NatRange& r) {
+  std::string s = "nat";
+  if (!r.type) return s;
+  s += r.type == 1 ? "(src" : "(dst";
+  if (r.addr_min) {
+    const FieldDef& f = field_def(FieldId::NW_SRC);
+    s += "=" + format_field_value(f, r.addr_min, ~static_cast<u128>(0), nullptr);
+    if (r.addr_max != r.addr_min) s += "-" + format_field_value(f, r.addr_max, ~static_cast<u128>(0), nullptr);
+    if (r.port_min) {
+      s += ":" + std::to_string(r.port_min);
+      if (r.port_max != r.port_min) s += "-" + std::to_string(r.port_max);
+    }
+  }
+  if (r.persistent) s += ",persistent";
+  if (r.hash) s += ",hash";
+  if (r.random) s += ",random";
+  return s + ")";
+}
+
+std::string format_ct(const OfAction& a, const char*, const PortNames* ports) {
+  const CtAction& c = *a.ct;
+  std::vector<std::string> parts;
+  if (c.commit) parts.push_back("commit");
+  if (c.force) parts.push_back("force");
+  if (c.table >= 0) parts.push_back("table=" + std::to_string(c.table));
+  if (c.zone_from_field) parts.push_back("zone=" + subfield_text(c.zone_field, c.zone_ofs, c.zone_bits));
+  else if (c.zone) parts.push_back("zone=" + std::to_string(c.zone));
+  if (c.nat) parts.push_back(format_nat(c.range));
+  if (!c.exec.empty()) {
+    std::string e;
+    for (const OfAction& x : c.exec) e += (e.empty() ? "" : ",") + format_action(x, ports);
+    parts.push_back("exec(" + e + ")");
+  }
+  std::string s = "ct(";
+  for (size_t i = 0; i < parts.size(); i++) s += (i ? "," : "") + parts[i];
+  return s + ")";
+}
+
+Status parse_ct_clear(const Item& it, const ActCtx&, OfAction*) { return no_value(it); }
+std::string format_ct_clear(const OfAction&, const char* k, const PortNames*) { return k; }
+
 // ---- dispatch ---------------------------------------------------------------------------------
 
 struct ActionRow {
@@ -422,14 +615,11 @@ Status check_action_prereqs(const OfAction& a, const Item& it, const Match* m) {
   return Status::Ok();
 }
 
-}  // namespace
-
-Status parse_action_list(std::string_view text, int base, const PortNames* ports, uint8_t table,
-                         std::vector<OfAction>* out, const Match* match) {
+Status parse_action_list_ctx(std::string_view text, int base, const ActCtx& ctx, std::vector<OfAction>* out,
+                             const Match* match) {
   std::vector<Item> items;
   Status s = split_items(text, base, &items);
   if (!s.ok()) return s;
-  const ActCtx ctx{ports, table};
   bool saw_goto = false, saw_drop = false;
   for (const Item& it : items) {
     OfAction a;
@@ -453,12 +643,21 @@ Status parse_action_list(std::string_view text, int base, const PortNames* ports
   return Status::Ok();
 }
 
+}  // namespace
+
+Status parse_action_list(std::string_view text, int base, const PortNames* ports, uint8_t table,
+                         std::vector<OfAction>* out, const Match* match) {
+  return parse_action_list_ctx(text, base, ActCtx{ports, table}, out, match);
+}
+
 }  // namespace ofp
 
 Status parse_actions(std::string_view text, int base_pos, const PortNames* ports, uint8_t table,
                      std::vector<OfAction>* out) {
   return ofp::parse_action_list(text, base_pos, ports, table, out, nullptr);
 }
+
+std::string format_nat_range(const NatRange& r) { return ofp::format_nat(r); }
 
 std::string format_action(const OfAction& a, const PortNames* ports) {
   const ofp::ActionRow& r = ofp::row_of(a.type);

@@ -32,6 +32,9 @@ std::string format_match(const Match& m, uint16_t priority, bool with_priority, 
   add_field(out, m, FieldId::CT_STATE, ports);
   add_field(out, m, FieldId::CT_ZONE, ports);
   add_field(out, m, FieldId::CT_MARK, ports);
+  for (FieldId id : {FieldId::CT_LABEL, FieldId::CT_NW_SRC, FieldId::CT_NW_DST, FieldId::CT_IPV6_SRC,
+                     FieldId::CT_IPV6_DST, FieldId::CT_NW_PROTO, FieldId::CT_TP_SRC, FieldId::CT_TP_DST})
+    add_field(out, m, id, ports);
   for (FieldId id : {FieldId::TUN_ID, FieldId::TUN_SRC, FieldId::TUN_DST, FieldId::TUN_IPV6_SRC,
                      FieldId::TUN_IPV6_DST, FieldId::METADATA, FieldId::REG0, FieldId::REG1, FieldId::REG2,
                      FieldId::REG3, FieldId::REG4, FieldId::REG5, FieldId::REG6, FieldId::REG7})

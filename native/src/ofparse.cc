@@ -321,7 +321,8 @@ Status parse_flow(std::string_view text, FlowCmd cmd, const PortNames* ports, Fl
                         (n.f->prereq == Prereq::ARP ? "arp" : n.f->prereq == Prereq::IPV6 ? "ipv6"
                          : n.f->prereq == Prereq::TCP ? "tcp" : n.f->prereq == Prereq::UDP ? "udp"
                          : n.f->prereq == Prereq::ICMP ? "icmp" : n.f->prereq == Prereq::ICMPV6 ? "icmp6"
-                         : n.f->prereq == Prereq::L4 ? "tcp" : n.f->prereq == Prereq::VLAN ? "dl_vlan=..." : "ip") +
+                         : n.f->prereq == Prereq::L4 ? "tcp" : n.f->prereq == Prereq::VLAN ? "dl_vlan=..."
+                         : n.f->prereq == Prereq::CT ? "ct_state=+trk+est" : "ip") +
                         "')",
                     n.it->whole, n.it->pos);
   }

@@ -1,6 +1,7 @@
 // parse.h: stage 1 of the fast path: frame -> datapath flow key.
 //
-// Uses:  Packet::data/len and the metadata (in_port, recirc_id, tunnel, ct_*).
+// Uses:  Packet::data/len and the metadata (in_port, recirc_id, tunnel, ct_*
+//        and, for a tracked packet, Packet::ct).
 // Sets:  the datapath part of a Flow (every other word is zero), and
 //        Packet::l3_ofs / l4_ofs (kNoOffset when that header is absent or cut).
 // Next:  the exact-match cache (worker.cc).
@@ -163,9 +164,25 @@ __attribute__((always_inline)) inline uint8_t parse_packet(Packet* p, Flow* key)
       key->tun_dst = md.tun_dst;
     }
   }
-  key->ct_state = md.ct_state;
-  key->ct_zone = md.ct_zone;
-  key->ct_mark = md.ct_mark;
+  if (__builtin_expect(md.ct_state != 0, 0)) {
+    key->ct_state = static_cast<uint8_t>(md.ct_state);
+    key->ct_zone = md.ct_zone;
+    key->ct_mark = md.ct_mark;
+    const CtPacketMeta& ct = p->ct;
+    std::memcpy(key->ct_label, ct.label, 16);
+    key->ct_nw_proto = ct.proto;
+    if (ct.proto) {
+      if (ct.ipv6) {
+        std::memcpy(key->ct_ipv6_src, ct.src, 16);
+        std::memcpy(key->ct_ipv6_dst, ct.dst, 16);
+      } else {
+        std::memcpy(&key->ct_nw_src, ct.src, 4);
+        std::memcpy(&key->ct_nw_dst, ct.dst, 4);
+      }
+      key->ct_tp_src = ct.tp_src;
+      key->ct_tp_dst = ct.tp_dst;
+    }
+  }
   p->l3_ofs = p->l4_ofs = kNoOffset;
 
   const uint8_t* d = p->data();

@@ -55,7 +55,10 @@ void count_oversize(Worker& w, uint32_t port, uint32_t len) {
 }  // namespace
 
 Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
-                       const uint32_t* ports, const uint64_t* ts, size_t n, MemOutput* out) {
+                       const uint32_t* ports, const uint64_t* ts, size_t n, MemOutput* out, size_t worker) {
+  if (worker >= dp->n_workers())
+    return Status::Error(Err::INVALID, "no worker " + std::to_string(worker) + " (the dataplane has " +
+                                           std::to_string(dp->n_workers()) + ")");
   std::vector<PortInfo> known = dp->ports();
   for (size_t i = 0; i < n; i++) {
     bool ok = false;
@@ -63,7 +66,7 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
     if (!ok) return Status::Error(Err::UNKNOWN_PORT, "packet " + std::to_string(i) + ": unknown input port " +
                                                          std::to_string(ports[i]));
   }
-  Worker& w = dp->worker(0);
+  Worker& w = dp->worker(worker);
   uint32_t index_of[kBatchMax];
   CaptureSink sink(out, index_of);
   Batch b;

@@ -31,7 +31,7 @@ struct MemOutput {
 
 // Packets are data[offsets[i] .. offsets[i]+lens[i]) arriving on ports[i].
 Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
-                       const uint32_t* ports, const uint64_t* ts, size_t n, MemOutput* out);
+                       const uint32_t* ports, const uint64_t* ts, size_t n, MemOutput* out, size_t worker = 0);
 
 // ---- benchmark -------------------------------------------------------------------
 struct BenchStats {

@@ -22,7 +22,13 @@ static inline uint64_t cycles_now() {
 
 namespace dpu {
 
-Worker::Worker(Dataplane* dp, uint32_t pool_size) : dp_(dp), pool_(pool_size) {}
+Worker::Worker(Dataplane* dp, uint32_t pool_size) : dp_(dp), pool_(pool_size), ctw_(dp->conntrack().attach()) {}
+
+void Worker::set_trace(TraceRecorder* rec) {
+  trace_ = rec;
+  fast_tunnel_ = rec == nullptr;  // the pop shows as a pass of its own
+  max_megaflows_ = rec ? 0 : (1u << 20);
+}
 Worker::~Worker() = default;
 
 void Worker::sync_version() {
@@ -82,6 +88,9 @@ void Worker::process(Batch& in) {
   }
   recirculated_ = false;
   emit_seq_ = 0;
+  uninstalled_.clear();
+  max_ts_ = 0;
+  for (uint32_t i = 0; i < n; i++) max_ts_ = std::max(max_ts_, in.pkts[i]->md.timestamp_ns);
   std::vector<Packet*>& cur = cur_;
   std::vector<Packet*>& next = next_;
   cur.assign(in.pkts, in.pkts + n);
@@ -93,6 +102,7 @@ void Worker::process(Batch& in) {
     next.clear();
     for (size_t off = 0; off < cur.size(); off += kChunk)
       pass(cur.data() + off, static_cast<uint32_t>(std::min<size_t>(kChunk, cur.size() - off)), next, pass_no == 0);
+    if (!ct_jobs_.empty()) conntrack_stage(next);
     if (!next.empty()) {
       recirculated_ = true;
       pmd.recirculations += next.size();
@@ -232,8 +242,8 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
 
   // Upcalls. A packet whose megaflow could not be installed runs straight from
   // its translation and credits the rules at once.
-  std::vector<XlateOut> uninstalled;
-  uint8_t direct[kChunk];
+  std::vector<XlateOut>& uninstalled = uninstalled_;
+  uint32_t direct[kChunk];
   for (uint32_t k = 0; k < n_up; k++) {
     uint32_t i = up[k];
     uint32_t probes = 0;
@@ -244,7 +254,13 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       continue;
     }
     XlateOut xo;
-    dp_->upcall(keys[i], &xo, nullptr);
+    if (__builtin_expect(trace_ != nullptr, 0)) {
+      std::vector<TraceEvent> events;
+      dp_->upcall(keys[i], &xo, &events);
+      trace_->walk(keys[i], xo, std::move(events));
+    } else {
+      dp_->upcall(keys[i], &xo, nullptr);
+    }
     pmd.upcalls++;
     if (dpcls_.size() < max_megaflows_) {
       Flow wc = xo.wc;
@@ -253,8 +269,8 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       emc_.insert(keys[i], hashes[i], mf);
     } else {
       pmd.upcall_no_install++;
-      dp_->credit(xo.xcache, 1, pkts[i]->len);
-      direct[i] = static_cast<uint8_t>(uninstalled.size());
+      if (!trace_) dp_->credit(xo.xcache, 1, pkts[i]->len);
+      direct[i] = static_cast<uint32_t>(uninstalled.size());
       uninstalled.push_back(std::move(xo));
       mfs[i] = nullptr;
     }

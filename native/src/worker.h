@@ -25,6 +25,7 @@
 #include <mutex>
 #include <vector>
 
+#include "conntrack/conntrack.h"
 #include "dpcls.h"
 #include "ports.h"
 #include "dpu/batch.h"
@@ -34,6 +35,15 @@
 namespace dpu {
 
 class Dataplane;
+
+// What a trace wants to know of the passes a packet makes (dataplane.cc):
+// every slow-path walk and every conntrack result, in order.
+class TraceRecorder {
+ public:
+  virtual ~TraceRecorder() = default;
+  virtual void walk(const Flow& key, const XlateOut& xo, std::vector<TraceEvent>&& events) = 0;
+  virtual void conntrack(const CtSpec& spec, const CtResult& r) = 0;
+};
 
 // Where a port's transmitted packets go (pcap writer, capture list, counter).
 class PortSink {
@@ -88,7 +98,7 @@ struct PmdCounters {
   }
 };
 
-constexpr int kMaxPasses = 6;
+constexpr int kMaxPasses = 8;
 constexpr uint32_t kChunk = 32;
 
 class Worker {
@@ -101,6 +111,7 @@ class Worker {
   void process(Batch& in);
 
   PacketPool& pool() { return pool_; }
+  CtWorker& ct_worker() { return *ctw_; }
   void set_sink(PortSink* s) { sink_ = s; }
   void set_profile(bool on) { profile_ = on; }
   void set_emc_insert_inv_prob(uint32_t n) { emc_inv_prob_ = n ? n : 1; }
@@ -108,6 +119,9 @@ class Worker {
   // Terminate VXLAN right after parsing instead of through a megaflow whose
   // only action is TNL_POP (the outcome is the same; tests compare both).
   void set_fast_tunnel(bool on) { fast_tunnel_ = on; }
+  // A trace: every pass walks the tables and is recorded, conntrack changes
+  // nothing (dry run), and no rule is credited.
+  void set_trace(TraceRecorder* rec);
 
   // Control side (caller holds mu).
   void push_stats();               // credit megaflow deltas to rules/tables/groups
@@ -132,6 +146,10 @@ class Worker {
                                                          std::vector<Packet*>& recirc);
   void run_actions_nested(Packet* p, const Flow& key, const DpAction* a, size_t n, std::vector<Packet*>& recirc);
   void emit(uint32_t port, Packet* p, bool counts_as_output);
+  // conntrack (ct_stage.cc)
+  void ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpAction* rest, size_t n_rest);
+  void conntrack_stage(std::vector<Packet*>& next);
+  int64_t batch_clock() const;
   void drop(Packet* p, uint16_t reason);
   Packet* copy(Packet* p);
   void flush_tx(bool sort);
@@ -163,6 +181,21 @@ class Worker {
   std::vector<uint8_t> is_tunnel_;        // by ofport
   std::vector<Packet*> cur_, next_;       // packets of the current / next pass
   std::vector<TunnelTerm> tnl_terms_;     // from the port table, at each version
+  std::vector<XlateOut> uninstalled_;     // walks run without a megaflow (cache full, trace): this call
+  // conntrack: packets waiting for the stage, and the keys of those whose
+  // remaining actions run after it (ct without table)
+  struct CtJob {
+    Packet* p;
+    const CtSpec* spec;
+    const DpAction* rest;
+    uint32_t n_rest;
+    uint32_t key;  // index in ct_keys_
+  };
+  std::vector<CtJob> ct_jobs_;
+  std::vector<Flow> ct_keys_;
+  std::unique_ptr<CtWorker> ctw_;
+  TraceRecorder* trace_ = nullptr;
+  uint64_t max_ts_ = 0;                   // newest timestamp of the batch (the conntrack clock in a replay)
   std::vector<uint8_t> is_underlay_;      // by ofport
   bool fast_tunnel_ = true;
   uint16_t out_count_[kBatchMax];

@@ -6,7 +6,9 @@
 #include <cstdio>
 
 #include "checksum.h"
+#include "conntrack/conntrack.h"
 #include "dpu/ofparse.h"
+#include "recirc.h"
 #include "tunnel_term.h"
 #include "xlate_ctx.h"
 
@@ -46,8 +48,27 @@ void XlateCtx::run(const Flow& key) {
   out_.wc = Flow{};
   out_.wc.in_port = 0xffffffffu;
   out_.wc.recirc_id = 0xffffffffu;
-  if (!try_tunnel_pop()) do_table(0);
+  if (flow_.recirc_id) {
+    resume();
+  } else if (!try_tunnel_pop()) {
+    do_table(0);
+  }
   finish();
+}
+
+// A pass after conntrack: the frozen table, metadata and registers.
+void XlateCtx::resume() {
+  FrozenState fs;
+  if (!env_.recirc || !env_.recirc->thaw(flow_.recirc_id, &fs)) {
+    event(TraceEvent::NOTE, "recirc_id " + std::to_string(flow_.recirc_id) + " is unknown (tables changed): dropped");
+    reason_ = DROP_RECIRC_LIMIT;
+    return;
+  }
+  flow_.metadata = fs.metadata;
+  std::memcpy(flow_.regs, fs.regs, sizeof fs.regs);
+  event(TraceEvent::NOTE, "resume after conntrack in table " + std::to_string(fs.table) + " (recirc_id=" +
+                              std::to_string(flow_.recirc_id) + ")");
+  do_table(fs.table);
 }
 
 // One unit of work against the limits of 64 nested and 4096 total resubmits
@@ -468,10 +489,11 @@ void XlateCtx::finish() {
   if (error_) {
     out_.actions.clear();
     out_.has_output = false;
+    out_.has_ct = false;
     reason_ = DROP_RESUBMIT_LIMIT;
   }
   bool pop = !out_.actions.empty() && out_.actions.back().type == Dp::TNL_POP;
-  if (!out_.has_output && !pop) {
+  if (!out_.has_output && !pop && !out_.has_ct) {
     out_.actions.clear();
     DpAction d;
     d.type = Dp::DROP;
@@ -629,6 +651,24 @@ std::string format_dp_actions(const DpActions& acts, const PortNames* ports) {
         break;
       }
       case Dp::DROP: s = std::string("drop(") + drop_reason_name(a.reason) + ")"; break;
+      case Dp::CT: {
+        const CtSpec& c = *a.ct;
+        std::vector<std::string> p;
+        if (c.commit) p.push_back("commit");
+        if (c.force) p.push_back("force");
+        if (c.zone) p.push_back("zone=" + std::to_string(c.zone));
+        if (c.set_mark) p.push_back("mark=" + hex_u128(c.mark) + "/" + hex_u128(c.mark_mask));
+        if (c.set_label) p.push_back("label=" + hex_u128(c.label) + "/" + hex_u128(c.label_mask));
+        if (c.nat) p.push_back(format_nat_range(c.range));
+        s = "ct(" + join(p) + ")";
+        if (c.recirc_id) {
+          char b[32];
+          std::snprintf(b, sizeof b, ",recirc(%#x)", c.recirc_id);
+          s += b;
+        }
+        break;
+      }
+      case Dp::CT_CLEAR: s = "ct_clear"; break;
     }
     items.push_back(s);
   }

@@ -3,6 +3,9 @@
 //
 // Uses:  a datapath flow key (from parse.h), the tables, groups, ports and
 //        tenant map (XlateEnv, read under the dataplane's shared lock).
+// A pass that resumes after conntrack (key.recirc_id != 0) starts in the
+// frozen table with the frozen metadata and registers (recirc.h).
+//
 // Sets:  XlateOut: the datapath actions, the wildcards (every key bit the walk
 //        depended on), the xlate cache (rules/tables/groups to credit with the
 //        megaflow's packet counts), the tenant for per-tenant counters, and,
@@ -50,6 +53,7 @@ struct TraceEvent {
 };
 
 struct TunnelTerm;
+class RecircTable;
 
 struct XlateEnv {
   const Classifier* tables = nullptr;                           // [kNumTables]
@@ -57,16 +61,19 @@ struct XlateEnv {
   const std::unordered_map<uint32_t, GroupPtr>* groups = nullptr;
   const PortTable* ports = nullptr;
   const std::unordered_map<uint64_t, uint16_t>* tenants = nullptr;  // metadata -> tenant index
+  RecircTable* recirc = nullptr;                                // frozen state of ct(table=T)
 };
 
 struct XlateOut {
   DpActions actions;
   TnlHeaders tnl_hdrs;               // owned by the megaflow once installed
+  CtSpecs ct_specs;                  // likewise
   Flow wc{};                         // datapath words only are meaningful
   std::vector<XcacheEntry> xcache;
   uint16_t tenant = 0;
   uint16_t drop_reason = DROP_NONE;  // when no output at all
   bool has_output = false;
+  bool has_ct = false;               // the packet (or a copy) goes to the conntrack stage
   Flow final_flow{};
 };
 

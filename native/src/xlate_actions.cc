@@ -6,7 +6,9 @@
 // output_to() in xlate.cc: header writes are collected in `pending` and
 // emitted, as few set actions as possible, just before the packet is sent
 // (or handed to a stage that needs its bytes).
+#include "conntrack/conntrack.h"
 #include "dpu/ofparse.h"
+#include "recirc.h"
 #include "xlate_ctx.h"
 
 namespace dpu {
@@ -189,6 +191,87 @@ void XlateCtx::xlate_resubmit(const OfAction& a) {
 void XlateCtx::xlate_note(const OfAction&) {}
 
 void XlateCtx::xlate_group(const OfAction& a) { do_group(static_cast<uint32_t>(a.arg)); }
+
+// ---- conntrack -----------------------------------------------------------------------------
+
+// After a ct action the pipeline goes on with the packet untracked (the
+// tracked copy resumes elsewhere): the conntrack fields read as zero, a
+// constant of the megaflow.
+void XlateCtx::clear_ct_fields() {
+  static const FieldId kCtFields[] = {FieldId::CT_STATE,    FieldId::CT_ZONE,     FieldId::CT_MARK,
+                                      FieldId::CT_LABEL,    FieldId::CT_NW_PROTO, FieldId::CT_NW_SRC,
+                                      FieldId::CT_NW_DST,   FieldId::CT_IPV6_SRC, FieldId::CT_IPV6_DST,
+                                      FieldId::CT_TP_SRC,   FieldId::CT_TP_DST};
+  for (FieldId id : kCtFields) {
+    const FieldDef& f = field_def(id);
+    field_set(flow_, f, 0);
+    Flow m = field_mask(f, field_all_ones(f));
+    flow_or_into(written_, m);
+  }
+}
+
+void XlateCtx::xlate_ct(const OfAction& a) {
+  const CtAction& ct = *a.ct;
+  auto spec = std::make_shared<CtSpec>();
+  spec->zone = ct.zone;
+  if (ct.zone_from_field) {
+    const FieldDef& f = field_def(ct.zone_field);
+    if (f.datapath) uw(field_mask(f, ((static_cast<u128>(1) << ct.zone_bits) - 1) << ct.zone_ofs));
+    spec->zone = static_cast<uint16_t>((field_get(flow_, f) >> ct.zone_ofs) & ((1u << ct.zone_bits) - 1));
+  }
+  spec->commit = ct.commit;
+  spec->force = ct.force;
+  spec->nat = ct.nat;
+  spec->range = ct.range;
+  for (const OfAction& e : ct.exec) {
+    u128 v = e.value, m = e.mask;
+    if (e.type == OfAct::LOAD) {
+      m = (e.n_bits >= 128 ? ~static_cast<u128>(0) : ((static_cast<u128>(1) << e.n_bits) - 1)) << e.ofs;
+      v = e.value << e.ofs;
+    }
+    if (e.field == FieldId::CT_MARK) {
+      spec->set_mark = true;
+      spec->mark = static_cast<uint32_t>((spec->mark & ~m) | (v & m));
+      spec->mark_mask |= static_cast<uint32_t>(m);
+    } else {
+      spec->set_label = true;
+      spec->label = (spec->label & ~m) | (v & m);
+      spec->label_mask |= m;
+    }
+  }
+  if (ct.table >= 0) {
+    FrozenState fs;
+    fs.table = static_cast<uint8_t>(ct.table);
+    fs.metadata = flow_.metadata;
+    std::memcpy(fs.regs, flow_.regs, sizeof fs.regs);
+    spec->recirc_id = env_.recirc ? env_.recirc->freeze(fs) : 0;
+    if (!spec->recirc_id) {
+      event(TraceEvent::NOTE, "too many recirculation states: packet dropped");
+      reason_ = DROP_RECIRC_LIMIT;
+      exit_ = true;
+      return;
+    }
+  }
+  commit();  // the header writes so far reach the packet before conntrack reads it
+  DpAction d;
+  d.type = Dp::CT;
+  d.ct = spec.get();
+  out_.actions.push_back(d);
+  out_.ct_specs.push_back(std::move(spec));
+  out_.has_ct = true;
+  if (ct.table >= 0)
+    event(TraceEvent::NOTE, "conntrack, then resume in table " + std::to_string(ct.table) + " (recirc_id=" +
+                                std::to_string(out_.actions.back().ct->recirc_id) + ")");
+  clear_ct_fields();
+}
+
+void XlateCtx::xlate_ct_clear(const OfAction&) {
+  commit();
+  DpAction d;
+  d.type = Dp::CT_CLEAR;
+  out_.actions.push_back(d);
+  clear_ct_fields();
+}
 
 // ---- dispatch --------------------------------------------------------------------------------
 

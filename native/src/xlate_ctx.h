@@ -39,6 +39,7 @@ class XlateCtx {
   void mark_written(const FieldDef& f, u128 bits);
   void event(TraceEvent::Kind k, std::string text, int table = -1, const Rule* r = nullptr);
   bool try_tunnel_pop();
+  void resume();
   void do_table(uint8_t t);
   void do_actions(const std::vector<OfAction>& acts);
   void do_action(const OfAction& a);
@@ -72,6 +73,9 @@ class XlateCtx {
   void xlate_write_metadata(const OfAction& a);
   void xlate_note(const OfAction& a);
   void xlate_group(const OfAction& a);
+  void xlate_ct(const OfAction& a);
+  void xlate_ct_clear(const OfAction& a);
+  void clear_ct_fields();
   // helpers of the VLAN translators
   void push_second_tag(uint16_t tpid);
   void set_tag(OfAct type, uint32_t arg);

@@ -46,9 +46,21 @@ struct TunnelIpv6 {
   uint8_t src[16], dst[16];   // valid when md.tun_flags has kTunIpv6
 };
 
+// What the conntrack stage found beyond ct_state/zone/mark: the connection's
+// label and original-direction tuple, which the next pass's key carries
+// (ct_label, ct_nw_*, ct_ipv6_*, ct_tp_*). Valid when md.ct_state is set.
+struct CtPacketMeta {
+  uint8_t label[16];               // network order
+  uint8_t src[16], dst[16];        // original direction; IPv4 in the first 4 bytes
+  uint16_t tp_src = 0, tp_dst = 0; // original direction ports (ICMP: type, code), network order
+  uint8_t proto = 0;               // 0: no tuple (untracked or invalid)
+  uint8_t ipv6 = 0;
+};
+
 // Line 0: metadata and offsets (all a pass reads); line 1: IPv6 tunnel
-// addresses; then the buffer, whose frame starts cache-line aligned after the
-// headroom, so a 64-byte packet touches one line of data.
+// addresses; line 2: conntrack results; then the buffer, whose frame starts
+// cache-line aligned after the headroom, so a 64-byte packet touches one line
+// of data.
 struct alignas(64) Packet {
   PacketMeta md;
   uint16_t data_off = kHeadroom;  // start of frame inside buf
@@ -58,6 +70,7 @@ struct alignas(64) Packet {
   uint32_t origin = 0;            // index (in its input batch) of the arrival it descends from
   uint32_t emit_seq = 0;          // order in which the batch emitted it (output order across ports)
   alignas(64) TunnelIpv6 tun6;
+  alignas(64) CtPacketMeta ct;
   alignas(64) uint8_t buf[kPacketBlock];
 
   uint8_t* data() { return buf + data_off; }
@@ -74,7 +87,7 @@ struct alignas(64) Packet {
 
 static_assert(sizeof(PacketMeta) + 16 <= 64, "metadata and offsets share one cache line");
 
-static_assert(offsetof(Packet, buf) == 128, "frame data must stay cache-line aligned");
+static_assert(offsetof(Packet, buf) % 64 == 0, "frame data must stay cache-line aligned");
 static_assert(offsetof(Packet, tun6) == 64, "hot header fits the first line");
 
 struct Batch {
@@ -109,6 +122,7 @@ class PacketPool {
     if (!c) return nullptr;
     c->md = p->md;
     if (p->md.tun_flags & kTunIpv6) c->tun6 = p->tun6;
+    if (p->md.ct_state) c->ct = p->ct;
     c->data_off = p->data_off;
     c->len = p->len;
     c->l3_ofs = p->l3_ofs;

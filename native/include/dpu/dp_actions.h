@@ -22,11 +22,17 @@
 //   TNL_POP(port)           validate+strip VXLAN, set tunnel metadata, in_port =
 //                           the tunnel port, and look the packet up again
 //   CLONE(n)                run the next n actions on a copy (group buckets)
+//   CT(spec)                hand the packet to the conntrack stage (conntrack/):
+//                           with a recirc_id, a copy unless it is the last
+//                           action, looked up again afterwards; without, the
+//                           packet itself, whose remaining actions run after
+//                           the stage
+//   CT_CLEAR                forget the packet's conntrack state
 //   DROP(reason)            record why the packet is dropped
 //
 // One action is one 64-byte cache line; tunnel header templates live out of
-// line (TnlHeader), owned by the megaflow. Built by the slow path, read by
-// workers.
+// line (TnlHeader, CtSpec), owned by the megaflow. Built by the slow path,
+// read by workers.
 #pragma once
 
 #include <cstdint>
@@ -38,8 +44,10 @@ namespace dpu {
 
 enum class Dp : uint8_t {
   OUTPUT, SET_ETH, SET_VLAN, PUSH_VLAN, POP_VLAN, SET_IPV4, SET_IPV6, SET_L4, SET_ARP,
-  TNL_PUSH, TNL_POP, CLONE, DROP,
+  TNL_PUSH, TNL_POP, CLONE, DROP, CT, CT_CLEAR,
 };
+
+struct CtSpec;
 
 constexpr int kSetWindow = 20;  // bytes a set action can write
 constexpr int kTnlHdrMax = 72;
@@ -73,6 +81,7 @@ struct alignas(64) DpAction {
       uint8_t msk[kSetWindow];
     } set;
     const TnlHeader* tnl;  // TNL_PUSH / TNL_POP
+    const CtSpec* ct;      // CT
   };
   DpAction() { std::memset(&set, 0, sizeof set); }
 };
@@ -80,5 +89,6 @@ static_assert(sizeof(DpAction) == 64, "one datapath action per cache line");
 
 using DpActions = std::vector<DpAction>;
 using TnlHeaders = std::vector<std::unique_ptr<TnlHeader>>;
+using CtSpecs = std::vector<std::shared_ptr<const CtSpec>>;
 
 }  // namespace dpu

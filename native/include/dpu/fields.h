@@ -26,7 +26,8 @@ using u128 = unsigned __int128;
 
 enum class FieldId : uint8_t {
   IN_PORT, RECIRC_ID, TUN_ID, TUN_SRC, TUN_DST, TUN_IPV6_SRC, TUN_IPV6_DST,
-  CT_STATE, CT_ZONE, CT_MARK,
+  CT_STATE, CT_ZONE, CT_MARK, CT_LABEL, CT_NW_PROTO, CT_NW_SRC, CT_NW_DST, CT_IPV6_SRC, CT_IPV6_DST,
+  CT_TP_SRC, CT_TP_DST,
   DL_DST, DL_SRC, DL_TYPE, VLAN_TCI, DL_VLAN, DL_VLAN_PCP, VLAN_VID, VLAN_PCP,
   NW_SRC, NW_DST, ARP_SPA, ARP_TPA, IPV6_SRC, IPV6_DST,
   TP_SRC, TP_DST, TCP_SRC, TCP_DST, UDP_SRC, UDP_DST, SCTP_SRC, SCTP_DST,
@@ -42,7 +43,8 @@ enum class Fmt : uint8_t { DEC, HEX, MAC, IPV4, IPV6, PORT, FRAG, CT_STATE, TCP_
 
 // What a match (or, at translation time, a packet) must be for a field to exist.
 enum class Prereq : uint8_t {
-  NONE, IPV4, IPV6, IP_ANY, ARP, IPV4_OR_ARP, L4, TCP, UDP, SCTP, ICMP, ICMPV6, ICMP_ANY, VLAN
+  NONE, IPV4, IPV6, IP_ANY, ARP, IPV4_OR_ARP, L4, TCP, UDP, SCTP, ICMP, ICMPV6, ICMP_ANY, VLAN,
+  CT,  // a valid conntrack state (ct_state +new, +est, +rel, +rpl, +snat or +dnat, or +trk-inv)
 };
 
 struct FieldDef {

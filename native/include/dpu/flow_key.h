@@ -15,7 +15,9 @@
 // Every header field is stored in network byte order, exactly as on the wire,
 // so masking is plain byte/word AND and set actions are plain copies. The
 // datapath metadata fields (in_port, recirc_id, ct_zone, ct_mark, ct_state)
-// and the pipeline state are host order.
+// and the pipeline state are host order. The conntrack original-direction
+// fields (ct_nw_*, ct_ipv6_*, ct_tp_*) are network order, as on the wire, and
+// ct_label is a big-endian 128-bit number.
 //
 // Layout is fixed (static_asserts below); fields.cc describes every field by
 // offset and width, so adding a field means adding it here and there.
@@ -31,7 +33,7 @@ namespace dpu {
 // nw_frag bits (as OVS FLOW_NW_FRAG_*).
 enum : uint8_t { kFragAny = 1, kFragLater = 2 };
 
-// ct_state bits (as OVS CS_*); filled by a later issue's conntrack.
+// ct_state bits (as OVS CS_*), set by the conntrack stage (conntrack/).
 enum : uint32_t {
   kCsNew = 1 << 0, kCsEstablished = 1 << 1, kCsRelated = 1 << 2, kCsReplyDir = 1 << 3,
   kCsInvalid = 1 << 4, kCsTracked = 1 << 5, kCsSrcNat = 1 << 6, kCsDstNat = 1 << 7,
@@ -58,12 +60,15 @@ struct alignas(8) Flow {
   uint8_t tun_ipv6_src[16];
   uint8_t tun_ipv6_dst[16];
   // w7
-  uint32_t ct_state;     // host order bits, kCs*
+  uint8_t ct_state;      // kCs* bits
+  uint8_t ct_nw_proto;   // conntrack original direction: IP protocol
+  uint16_t key_pad0;
   uint16_t ct_zone;
   uint16_t tun_flags;    // kTunPresent | kTunIpv6
   // w8
   uint32_t ct_mark;
-  uint32_t key_pad0;
+  uint16_t ct_tp_src;    // original direction ports (ICMP: type, code), network order
+  uint16_t ct_tp_dst;
   // w9..w10
   uint8_t dl_dst[6];
   uint8_t dl_src[6];
@@ -87,13 +92,25 @@ struct alignas(8) Flow {
   uint8_t arp_tha[6];
   uint16_t tcp_flags;    // network order, 12 bits
   uint16_t vlan_tpid;    // network order TPID of the tag (not matchable)
+  // w19..w25: conntrack, filled only for tracked packets (ct_state has trk)
+  uint8_t ct_label[16];  // network order (the 128-bit label, most significant byte first)
+  uint8_t ct_ipv6_src[16];  // original direction addresses (IPv6 connections)
+  uint8_t ct_ipv6_dst[16];
+  uint32_t ct_nw_src;    // original direction addresses (IPv4 connections), network order
+  uint32_t ct_nw_dst;
   // ---- pipeline state (slow path only) -------------------------------------
   uint64_t metadata;
   uint32_t regs[8];
 };
 
-constexpr size_t kKeyWords = 19;
+constexpr size_t kKeyWords = 26;
 constexpr size_t kKeyBytes = kKeyWords * 8;
+// Words 19..25 (ct_label and the conntrack original-direction tuple) are
+// zero unless the packet has been through conntrack (ct_state != 0), so the
+// caches hash and compare them only then: a packet that never meets a ct
+// action pays for the 19 words it has.
+constexpr size_t kKeyHotWords = 19;
+constexpr size_t kCtStateWord = 7;  // ct_state is the low byte of this word
 constexpr size_t kFlowWords = sizeof(Flow) / 8;
 
 static_assert(offsetof(Flow, tun_id) == 8, "layout");
@@ -101,6 +118,10 @@ static_assert(offsetof(Flow, dl_dst) == 72, "layout");
 static_assert(offsetof(Flow, nw_src) == 88, "layout");
 static_assert(offsetof(Flow, tp_src) == 128, "layout");
 static_assert(offsetof(Flow, arp_sha) == 136, "layout");
+static_assert(offsetof(Flow, ct_label) == 152, "layout");
+static_assert(offsetof(Flow, ct_nw_src) == 200, "layout");
+static_assert(offsetof(Flow, ct_state) == kCtStateWord * 8, "layout");
+static_assert(offsetof(Flow, ct_label) == kKeyHotWords * 8, "layout");
 static_assert(offsetof(Flow, metadata) == kKeyBytes, "datapath key must end before pipeline state");
 static_assert(sizeof(Flow) == kKeyBytes + 40, "layout");
 
@@ -133,22 +154,34 @@ inline uint64_t mix128(uint64_t a, uint64_t b) {
 
 inline uint32_t hash_key_words_plain(const word_t* w, uint64_t seed) {
   uint64_t h = seed;
-  for (size_t i = 0; i + 1 < kKeyWords; i += 2)
-    h ^= mix128(w[i] ^ 0x9e3779b97f4a7c15ull, w[i + 1] ^ (0xc2b2ae3d27d4eb4full + i));
-  h ^= mix128(w[kKeyWords - 1] ^ 0xa0761d6478bd642full, seed ^ 0xe7037ed1a0b428dbull);
+  size_t n = (w[7] & 0xff) ? kKeyWords : kKeyHotWords;  // ct words only for tracked packets
+  size_t i = 0;
+  for (; i + 1 < n; i += 2) h ^= mix128(w[i] ^ 0x9e3779b97f4a7c15ull, w[i + 1] ^ (0xc2b2ae3d27d4eb4full + i));
+  if (i < n) h ^= mix128(w[i] ^ 0xa0761d6478bd642full, seed ^ 0xe7037ed1a0b428dbull);
   return static_cast<uint32_t>(h ^ (h >> 32));
 }
+
+inline bool key_tracked(const word_t* w) { return (w[kCtStateWord] & 0xff) != 0; }
 
 inline uint32_t hash_key_words(const word_t* w, uint64_t seed) {
 #if defined(__SSE4_2__)
   uint64_t a = seed, b = seed ^ 0x9e3779b97f4a7c15ull, c = seed ^ 0xc2b2ae3d27d4eb4full;
-  for (size_t i = 0; i + 2 < kKeyWords; i += 3) {
+  for (size_t i = 0; i + 3 <= kKeyHotWords; i += 3) {
     a = __builtin_ia32_crc32di(a, w[i]);
     b = __builtin_ia32_crc32di(b, w[i + 1]);
     c = __builtin_ia32_crc32di(c, w[i + 2]);
   }
-  a = __builtin_ia32_crc32di(a, w[kKeyWords - 1]);  // 19 = 6 * 3 + 1
-  uint64_t h = mix128(a ^ (b << 32), c ^ 0x165667b19e3779f9ull);
+  static_assert(kKeyHotWords % 3 == 1 && (kKeyWords - kKeyHotWords) == 7, "tail words");
+  a = __builtin_ia32_crc32di(a, w[kKeyHotWords - 1]);
+  if (__builtin_expect(key_tracked(w), 0)) {
+    for (size_t i = kKeyHotWords; i + 3 <= kKeyWords; i += 3) {
+      a = __builtin_ia32_crc32di(a, w[i]);
+      b = __builtin_ia32_crc32di(b, w[i + 1]);
+      c = __builtin_ia32_crc32di(c, w[i + 2]);
+    }
+    b = __builtin_ia32_crc32di(b, w[kKeyWords - 1]);
+  }
+  uint64_t h = mix128(a ^ (b << 32), c ^ 0x165667b19e3779f9ull ^ (b >> 32));
   return static_cast<uint32_t>(h ^ (h >> 32));
 #else
   return hash_key_words_plain(w, seed);

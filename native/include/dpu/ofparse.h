@@ -32,6 +32,7 @@ std::string format_match(const Match& m, uint16_t priority, bool with_priority,
                          const PortNames* ports);
 std::string format_actions(const std::vector<OfAction>& acts, const PortNames* ports);
 std::string format_action(const OfAction& a, const PortNames* ports);
+std::string format_nat_range(const NatRange& r);  // nat, nat(src=A-B:P-Q,flags)
 std::string format_group(const Group& g, const PortNames* ports);
 
 // Drop reasons by wire name (drop_reasons.def).

@@ -38,6 +38,8 @@ enum class OfAct : uint8_t {
 #undef DPU_OFACT
 };
 
+struct CtAction;
+
 struct OfAction {
   OfAct type = OfAct::DROP;
   FieldId field = FieldId::IN_PORT;      // destination field (writes)
@@ -48,7 +50,29 @@ struct OfAction {
   uint32_t port = 0;                     // OUTPUT, RESUBMIT (kPortInPort = packet's in_port)
   uint32_t arg = 0;                      // table, group id, TPID, VLAN vid/pcp, drop reason
   std::vector<uint8_t> note;             // NOTE bytes
+  std::shared_ptr<const CtAction> ct;    // CT
   int32_t pos = -1;                      // character position in the source text (errors)
+};
+
+// nat(src|dst=A[-B][:P[-Q]][,flags]) inside a ct action (IPv4 only).
+struct NatRange {
+  uint8_t type = 0;                      // 1 src, 2 dst, 0 a bare `nat`
+  uint32_t addr_min = 0, addr_max = 0;   // host order; 0/0: no address given
+  uint16_t port_min = 0, port_max = 0;   // 0: no port range given
+  bool random = false, persistent = false, hash = false;
+};
+
+// ct(commit, force, zone=N|FIELD[a..b], table=T, nat..., exec(...)).
+struct CtAction {
+  bool commit = false, force = false;
+  int table = -1;                        // ct(table=T); -1: the packet is not reinjected
+  uint16_t zone = 0;                     // zone=N
+  bool zone_from_field = false;          // zone=FIELD[a..b]
+  FieldId zone_field = FieldId::REG0;
+  uint16_t zone_ofs = 0, zone_bits = 16;
+  bool nat = false;                      // any nat keyword
+  NatRange range;
+  std::vector<OfAction> exec;            // set_field/load to ct_mark and ct_label
 };
 
 struct Rule {

@@ -1,0 +1,143 @@
+// conn.h: a tracked connection and the key it is found by.
+//
+// A connection has two keys, as in Open vSwitch's userspace conntrack: the
+// original direction (the tuple of the packet that committed it) and the
+// reply direction (what a reply looks like, after NAT). Both are linked into
+// the table (conntrack.h), so a packet of either direction finds it with one
+// lookup, and the direction it was found by says whether it is a reply.
+//
+// Lifetime: the keys, zone, protocol and NAT of a connection never change
+// once it is published; the mutable state (expiry, mark, label, protocol
+// state) is written under the connection's spinlock (TCP) or with single
+// atomic stores (UDP, ICMP). A connection unlinked from the table stays
+// readable until the epoch says no worker can still hold it (epoch.h).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include "dpu/flow_key.h"
+
+namespace dpu {
+
+// A 5-tuple in a zone. Addresses are network-order words (IPv4 in src[0] and
+// dst[0], the rest zero); ports network order. ICMP/ICMPv6 echo: sport is the
+// identifier and dport holds the type and code bytes ([type][code]).
+struct CtKey {
+  uint32_t src[4];
+  uint32_t dst[4];
+  uint16_t sport, dport;
+  uint16_t zone;  // host order
+  uint8_t proto;
+  uint8_t v6;     // 1 for IPv6
+};
+static_assert(sizeof(CtKey) == 40, "a key is five words");
+
+inline bool ct_key_eq(const CtKey& a, const CtKey& b) {
+  uint64_t x[5], y[5];
+  std::memcpy(x, &a, 40);
+  std::memcpy(y, &b, 40);
+  return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3]) | (x[4] ^ y[4])) == 0;
+}
+
+inline uint32_t ct_key_hash(const CtKey& k) {
+  uint64_t w[5];
+  std::memcpy(w, &k, 40);
+#if defined(__SSE4_2__)
+  uint64_t a = __builtin_ia32_crc32di(0x9e3779b9u, w[0]);
+  uint64_t b = __builtin_ia32_crc32di(0x85ebca6bu, w[1]);
+  a = __builtin_ia32_crc32di(a, w[2]);
+  b = __builtin_ia32_crc32di(b, w[3]);
+  a = __builtin_ia32_crc32di(a, w[4]);
+  return static_cast<uint32_t>(mix128(a ^ (b << 32), b ^ 0x9e3779b97f4a7c15ull));
+#else
+  uint64_t h = mix128(w[0] ^ 0x9e3779b97f4a7c15ull, w[1] ^ 0xc2b2ae3d27d4eb4full);
+  h ^= mix128(w[2] ^ h, w[3] ^ 0x165667b19e3779f9ull);
+  h ^= mix128(w[4] ^ h, 0xa0761d6478bd642full);
+  return static_cast<uint32_t>(h ^ (h >> 32));
+#endif
+}
+
+// The ICMP type that answers `type` (echo request <-> reply), or -1.
+inline int icmp_reply_type(uint8_t type, bool v6) {
+  if (v6) return type == 128 ? 129 : type == 129 ? 128 : -1;
+  switch (type) {
+    case 8: return 0;
+    case 0: return 8;
+    case 13: return 14;
+    case 14: return 13;
+    default: return -1;
+  }
+}
+
+// What a reply to `k` looks like (no NAT).
+inline CtKey ct_key_reverse(const CtKey& k) {
+  CtKey r = k;
+  std::memcpy(r.src, k.dst, 16);
+  std::memcpy(r.dst, k.src, 16);
+  if (k.proto == kIpIcmp || k.proto == kIpIcmpv6) {
+    uint8_t tc[2];
+    std::memcpy(tc, &k.dport, 2);
+    int t = icmp_reply_type(tc[0], k.v6 != 0);
+    tc[0] = static_cast<uint8_t>(t < 0 ? tc[0] : t);
+    std::memcpy(&r.dport, tc, 2);
+  } else {
+    r.sport = k.dport;
+    r.dport = k.sport;
+  }
+  return r;
+}
+
+// Node of a connection in one hash chain (one per direction).
+struct CtNode {
+  std::atomic<CtNode*> next{nullptr};
+  uint32_t hash = 0;
+  uint8_t dir = 0;  // 0 original, 1 reply
+};
+
+// TCP window tracking (conntrack_tcp.cc), [0] the original direction's
+// sender, [1] the reply direction's.
+struct TcpTrack {
+  uint32_t seqlo[2];    // highest sequence number sent + 1
+  uint32_t seqhi[2];    // highest the peer's window lets this side send
+  uint32_t max_win[2];  // largest (unscaled) window advertised
+  uint8_t wscale[2];    // window scale shift | kWscaleSet
+  uint8_t state[2];     // TcpState of each side
+};
+static_assert(sizeof(TcpTrack) == 28, "layout");
+
+enum : uint8_t { kNatSrc = 1, kNatDst = 2 };
+
+struct NatMapping;
+
+// Three cache lines: the first two hold what a lookup compares.
+struct alignas(64) Conn {
+  // ---- lookup: immutable once published ---------------------------------------
+  CtNode node[2];
+  CtKey key[2];                      // [0] original, [1] reply (after NAT)
+  std::atomic<int64_t> expires{0};   // ns on the conntrack clock
+  std::atomic<uint32_t> mark{0};
+  uint8_t nat = 0;                   // kNatSrc / kNatDst
+  std::atomic<uint8_t> state{0};     // UDP/ICMP: 0 first, 1 seen both ways; TCP: unused
+  std::atomic<uint8_t> lock{0};      // spinlock for TCP state, label and mark writes
+  std::atomic<uint8_t> dead{0};      // unlinked (flush, expiry); never revived
+  // ---- mutable state ---------------------------------------------------------------
+  std::atomic<uint64_t> label_hi{0}, label_lo{0};  // the 128-bit ct_label
+  TcpTrack tcp{};
+  uint8_t owner = 0;                 // worker slot whose expiry wheel holds it
+  uint8_t tmo = 0;                   // timeout class in use (CtTimeoutClass)
+  uint16_t pad = 0;
+  NatMapping* mapping = nullptr;     // SNAT mapping this connection holds a reference on
+  Conn* wheel_next = nullptr;        // the owner's expiry wheel (conntrack.cc)
+
+  void spin_lock() {
+    while (lock.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
+  }
+  void spin_unlock() { lock.store(0, std::memory_order_release); }
+  // The connection a chain node belongs to (node[] is the first member).
+  static Conn* of(const CtNode* n) { return reinterpret_cast<Conn*>(const_cast<CtNode*>(n - n->dir)); }
+};
+static_assert(sizeof(Conn) == 192, "a connection is three cache lines");
+
+}  // namespace dpu

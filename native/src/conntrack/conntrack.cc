@@ -1,0 +1,625 @@
+// conntrack.cc: the connection table, its workers' expiry wheels, and the
+// conntrack stage's per-packet decision (see conntrack.h).
+#include "conntrack.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <new>
+
+namespace dpu {
+
+namespace {
+constexpr uint32_t kChunkConns = 4096;
+constexpr size_t kQuotaSweep = 1024;  // extra expiry work before refusing a connection over a limit
+
+uint8_t nat_flags(uint8_t conn_nat, int dir) {
+  // A reply reverses the translation: un-SNAT rewrites its destination.
+  uint8_t f = 0;
+  if (conn_nat & kNatSrc) f |= dir ? kCsDstNat : kCsSrcNat;
+  if (conn_nat & kNatDst) f |= dir ? kCsSrcNat : kCsDstNat;
+  return f;
+}
+}  // namespace
+
+// ---- configuration -------------------------------------------------------------------------
+
+Conntrack::Conntrack() : stripes_(new Stripe[kStripes]), zones_(new ZoneState[65536]) { set_config(CtConfig()); }
+
+Conntrack::~Conntrack() = default;  // workers detach first (they belong to the dataplane's workers)
+
+void Conntrack::set_config(const CtConfig& c) {
+  for (int i = 0; i < TM_COUNT; i++) timeout_ns_[i].store(c.timeout_ns[i], std::memory_order_relaxed);
+  max_conns_.store(c.max_conns, std::memory_order_relaxed);
+}
+
+CtConfig Conntrack::config() const {
+  CtConfig c;
+  for (int i = 0; i < TM_COUNT; i++) c.timeout_ns[i] = timeout_ns_[i].load(std::memory_order_relaxed);
+  c.max_conns = max_conns_.load(std::memory_order_relaxed);
+  return c;
+}
+
+void Conntrack::set_zones(const std::vector<std::pair<uint16_t, CtZoneCfg>>& zones) {
+  for (uint32_t z = 0; z < 65536; z++) {
+    zones_[z].limit.store(0, std::memory_order_relaxed);
+    zones_[z].eif.store(false, std::memory_order_relaxed);
+  }
+  for (const auto& kv : zones) {
+    zones_[kv.first].limit.store(kv.second.limit, std::memory_order_relaxed);
+    zones_[kv.first].eif.store(kv.second.eif, std::memory_order_relaxed);
+  }
+}
+
+std::unique_ptr<CtWorker> Conntrack::attach() {
+  int slot = epoch_.acquire();
+  auto w = std::make_unique<CtWorker>(this, slot);
+  std::lock_guard<std::mutex> g(workers_mu_);
+  workers_.push_back(w.get());
+  return w;
+}
+
+int64_t Conntrack::advance_clock(int64_t t) {
+  int64_t cur = clock_.load(std::memory_order_relaxed);
+  while (t > cur && !clock_.compare_exchange_weak(cur, t, std::memory_order_relaxed)) {
+  }
+  return std::max(t, cur);
+}
+
+// ---- the table -------------------------------------------------------------------------------
+
+void Conntrack::ensure_table() {
+  if (heads()) return;
+  std::lock_guard<std::mutex> g(table_mu_);
+  if (heads()) return;
+  uint32_t n = 1024;
+  while (n < max_conns_.load(std::memory_order_relaxed) && n < (1u << 30)) n <<= 1;
+  heads_mem_.reset(new std::atomic<CtNode*>[n]);
+  for (uint32_t i = 0; i < n; i++) heads_mem_[i].store(nullptr, std::memory_order_relaxed);
+  mask_ = n - 1;
+  heads_.store(heads_mem_.get(), std::memory_order_release);
+}
+
+void Conntrack::prefetch(uint32_t hash) const {
+  std::atomic<CtNode*>* h = heads();
+  if (h) __builtin_prefetch(&h[hash & mask_]);
+}
+
+Conn* Conntrack::lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const {
+  std::atomic<CtNode*>* hs = heads();
+  if (!hs) return nullptr;
+  for (CtNode* n = hs[h & mask_].load(std::memory_order_acquire); n; n = n->next.load(std::memory_order_acquire)) {
+    if (n->hash != h) continue;
+    Conn* c = Conn::of(n);
+    if (ct_key_eq(c->key[n->dir], k) && live(c, now)) {
+      *dir = n->dir;
+      return c;
+    }
+  }
+  return nullptr;
+}
+
+void Conntrack::lock2(uint32_t b0, uint32_t b1) {
+  uint32_t s0 = b0 & (kStripes - 1), s1 = b1 & (kStripes - 1);
+  if (s0 > s1) std::swap(s0, s1);
+  stripes_[s0].lock();
+  if (s1 != s0) stripes_[s1].lock();
+}
+
+void Conntrack::unlock2(uint32_t b0, uint32_t b1) {
+  uint32_t s0 = b0 & (kStripes - 1), s1 = b1 & (kStripes - 1);
+  stripes_[s0].unlock();
+  if (s1 != s0) stripes_[s1].unlock();
+}
+
+void Conntrack::link(CtNode* n, uint32_t b) {
+  std::atomic<CtNode*>& head = heads()[b];
+  n->next.store(head.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  head.store(n, std::memory_order_release);
+}
+
+// The removed node keeps its next pointer, so a reader standing on it walks on.
+void Conntrack::unlink(CtNode* n, uint32_t b) {
+  std::atomic<CtNode*>* prev = &heads()[b];
+  for (CtNode* cur = prev->load(std::memory_order_relaxed); cur; cur = cur->next.load(std::memory_order_relaxed)) {
+    if (cur == n) {
+      prev->store(n->next.load(std::memory_order_relaxed), std::memory_order_release);
+      return;
+    }
+    prev = &cur->next;
+  }
+}
+
+bool Conntrack::insert(Conn* c, int64_t now, Conn** existing) {
+  *existing = nullptr;
+  const uint32_t b0 = c->node[0].hash & mask_, b1 = c->node[1].hash & mask_;
+  lock2(b0, b1);
+  int dir;
+  Conn* same = lookup(c->key[0], c->node[0].hash, now, &dir);  // another worker was faster
+  Conn* clash = same ? nullptr : lookup(c->key[1], c->node[1].hash, now, &dir);
+  if (same || clash) {
+    unlock2(b0, b1);
+    *existing = same;
+    return false;
+  }
+  link(&c->node[0], b0);
+  link(&c->node[1], b1);
+  unlock2(b0, b1);
+  return true;
+}
+
+bool Conntrack::remove(Conn* c) {
+  const uint32_t b0 = c->node[0].hash & mask_, b1 = c->node[1].hash & mask_;
+  lock2(b0, b1);
+  if (c->dead.load(std::memory_order_relaxed)) {
+    unlock2(b0, b1);
+    return false;
+  }
+  unlink(&c->node[0], b0);
+  unlink(&c->node[1], b1);
+  c->dead.store(1, std::memory_order_release);
+  unlock2(b0, b1);
+  release(c->key[0].zone);
+  if (c->mapping) {
+    nat_.release(c->mapping);
+    c->mapping = nullptr;
+  }
+  return true;
+}
+
+uint16_t Conntrack::admit(uint16_t zone) {
+  if (count_.fetch_add(1, std::memory_order_relaxed) >= max_conns_.load(std::memory_order_relaxed)) {
+    count_.fetch_sub(1, std::memory_order_relaxed);
+    return DROP_CT_TABLE_FULL;
+  }
+  ZoneState& z = zones_[zone];
+  uint32_t limit = z.limit.load(std::memory_order_relaxed);
+  if (z.count.fetch_add(1, std::memory_order_relaxed) >= limit && limit) {
+    z.count.fetch_sub(1, std::memory_order_relaxed);
+    count_.fetch_sub(1, std::memory_order_relaxed);
+    return DROP_CT_QUOTA;
+  }
+  return DROP_NONE;
+}
+
+void Conntrack::release(uint16_t zone) {
+  zones_[zone].count.fetch_sub(1, std::memory_order_relaxed);
+  count_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void Conntrack::refresh(Conn* c, int64_t now) const {
+  c->expires.store(now + timeout_ns_[c->tmo].load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+// ct(commit, exec(set_field:..->ct_mark, set_field:..->ct_label)).
+void Conntrack::exec(Conn* c, const CtSpec& spec) const {
+  if (!spec.set_mark && !spec.set_label) return;
+  c->spin_lock();
+  if (spec.set_mark) {
+    uint32_t m = c->mark.load(std::memory_order_relaxed);
+    c->mark.store((m & ~spec.mark_mask) | (spec.mark & spec.mark_mask), std::memory_order_relaxed);
+  }
+  if (spec.set_label) {
+    u128 l = (static_cast<u128>(c->label_hi.load(std::memory_order_relaxed)) << 64) |
+             c->label_lo.load(std::memory_order_relaxed);
+    l = (l & ~spec.label_mask) | (spec.label & spec.label_mask);
+    c->label_hi.store(static_cast<uint64_t>(l >> 64), std::memory_order_relaxed);
+    c->label_lo.store(static_cast<uint64_t>(l), std::memory_order_relaxed);
+  }
+  c->spin_unlock();
+}
+
+void Conntrack::fill_result(const Conn* c, CtResult* r) const {
+  r->mark = c->mark.load(std::memory_order_relaxed);
+  r->label = (static_cast<u128>(c->label_hi.load(std::memory_order_relaxed)) << 64) |
+             c->label_lo.load(std::memory_order_relaxed);
+  r->have_tuple = true;
+  r->orig = c->key[0];
+}
+
+Conn* Conntrack::alloc_chunk(std::vector<Conn*>* free_list) {
+  std::lock_guard<std::mutex> g(table_mu_);
+  chunks_.emplace_back(new Conn[kChunkConns]);
+  Conn* base = chunks_.back().get();
+  for (uint32_t i = kChunkConns; i-- > 1;) free_list->push_back(&base[i]);
+  return &base[0];
+}
+
+// Keys, NAT and protocol state of a connection for the packet `cp` (its
+// original direction). Without `dry_run` the SNAT port is taken for real.
+static bool build_conn(Conn* c, const CtPacket& cp, const NatRange& nat, bool dnat, uint32_t dnat_addr,
+                       uint16_t dnat_port, NatTable& table, bool dry_run, uint16_t* drop) {
+  c->key[0] = cp.key;
+  c->key[1] = ct_key_reverse(cp.key);
+  c->nat = 0;
+  const bool icmp = cp.key.proto == kIpIcmp || cp.key.proto == kIpIcmpv6;
+  if (!cp.key.v6 && nat.type == kNatSrc) {
+    uint32_t ea;
+    uint16_t ep;
+    NatMapping* m = table.acquire(cp.key.zone, cp.key.proto, cp.key.src[0], cp.key.sport, nat, dry_run, &ea, &ep);
+    if (!m) {
+      *drop = DROP_NAT_NO_PORT;
+      return false;
+    }
+    if (!dry_run) c->mapping = m;
+    c->key[1].dst[0] = ea;
+    if (icmp) c->key[1].sport = ep;  // the echo identifier, in both directions
+    else c->key[1].dport = ep;
+    c->nat = kNatSrc;
+  } else if (!cp.key.v6 && dnat) {
+    c->key[1].src[0] = dnat_addr;
+    c->key[1].sport = dnat_port;  // TCP/UDP: the port; ICMP: the identifier, kept
+    c->nat = kNatDst;
+  }
+  c->node[0].hash = ct_key_hash(c->key[0]);
+  c->node[0].dir = 0;
+  c->node[1].hash = ct_key_hash(c->key[1]);
+  c->node[1].dir = 1;
+  ct_proto(cp.key.proto).init(c, cp);
+  return true;
+}
+
+void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r) {
+  *r = CtResult();
+  CtPacket cp;
+  if (!ct_extract(p, spec.zone, &cp)) {
+    r->state = kCsTracked | kCsInvalid;
+    return;
+  }
+  r->before = cp.key;
+  r->after = cp.key;
+  const uint32_t h = ct_key_hash(cp.key);
+  int dir = 0;
+  Conn* c = lookup(cp.key, h, now, &dir);
+
+  if (cp.icmp_error) {  // related to the connection it quotes, or invalid
+    if (!c) {
+      r->state = kCsTracked | kCsInvalid;
+      return;
+    }
+    r->state = static_cast<uint8_t>(kCsTracked | kCsRelated | (dir ? kCsReplyDir : 0u));
+    if (spec.commit && !dry_run) exec(c, spec);
+    if (spec.nat && c->nat && !cp.key.v6) {
+      ct_nat_packet(*c, dir, &cp);
+      r->nat_applied = c->nat;
+      r->state |= nat_flags(c->nat, dir);
+      r->after = ct_key_reverse(c->key[1 - dir]);
+    }
+    fill_result(c, r);
+    return;
+  }
+
+  if (c && spec.commit && spec.force && dir == 1) {  // committed the other way: start over
+    if (!dry_run && remove(c)) w.removed++;
+    c = nullptr;
+  }
+  if (c) {
+    const CtProto& pr = ct_proto(c->key[0].proto);
+    CtUpdate u;
+    if (dry_run) {  // on a copy: a trace changes nothing
+      Conn tmp;
+      tmp.tcp = c->tcp;
+      tmp.state.store(c->state.load(std::memory_order_relaxed), std::memory_order_relaxed);
+      u = pr.update(&tmp, cp, dir == 1);
+    } else if (c->key[0].proto == kIpTcp) {
+      c->spin_lock();
+      u = pr.update(c, cp, dir == 1);
+      c->spin_unlock();
+      if (u == CtUpdate::VALID || u == CtUpdate::VALID_NEW) refresh(c, now);
+    } else {
+      u = pr.update(c, cp, dir == 1);
+      if (u != CtUpdate::INVALID) refresh(c, now);
+    }
+    if (u == CtUpdate::NEW) {  // the old connection is over; this packet opens another
+      if (!dry_run && remove(c)) w.removed++;
+      c = nullptr;
+    } else if (u == CtUpdate::INVALID) {
+      r->state = kCsTracked | kCsInvalid;
+      return;
+    } else {
+      r->state = static_cast<uint8_t>(kCsTracked | (u == CtUpdate::VALID_NEW ? kCsNew : kCsEstablished) |
+                                     (dir ? kCsReplyDir : 0u));
+      if (spec.commit && !dry_run) exec(c, spec);
+      if (spec.nat && c->nat && !cp.key.v6) {
+        ct_nat_packet(*c, dir, &cp);
+        r->nat_applied = c->nat;
+        r->state |= nat_flags(c->nat, dir);
+        r->after = ct_key_reverse(c->key[1 - dir]);
+      }
+      fill_result(c, r);
+      return;
+    }
+  }
+
+  // No connection: this packet would start one.
+  if (!ct_proto(cp.key.proto).valid_new(cp)) {
+    r->state = kCsTracked | kCsInvalid;
+    return;
+  }
+  r->state = kCsTracked | kCsNew;
+  // Endpoint-independent filtering: a packet to a mapped public endpoint of
+  // the zone reaches its internal endpoint, whoever sends it.
+  NatMapping eif_map;
+  const bool eif = spec.nat && !cp.key.v6 && zones_[spec.zone].eif.load(std::memory_order_relaxed) &&
+                   nat_.find_ext(spec.zone, cp.key.proto, cp.key.dst[0],
+                                 (cp.key.proto == kIpIcmp) ? cp.key.sport : cp.key.dport, &eif_map);
+  if (!spec.commit && !eif) {  // tracked, not remembered: the tuple is the packet's own
+    r->have_tuple = true;
+    r->orig = cp.key;
+    return;
+  }
+  NatRange range = eif ? NatRange() : spec.range;
+  uint32_t dnat_addr = eif_map.int_addr;
+  uint16_t dnat_port = eif_map.int_port;
+  const bool dnat = eif || (!cp.key.v6 && range.type == kNatDst);
+  if (!eif && dnat) NatTable::pick_dst(range, cp.key.src[0], cp.key.proto == kIpIcmp ? cp.key.sport : cp.key.dport,
+                                       &dnat_addr, &dnat_port);
+  if (!eif && dnat && cp.key.proto == kIpIcmp) dnat_port = cp.key.sport;  // DNAT keeps an echo identifier
+
+  if (dry_run) {
+    Conn tmp;
+    uint16_t drop = DROP_NONE;
+    if (!build_conn(&tmp, cp, range, dnat, dnat_addr, dnat_port, nat_, true, &drop)) {
+      r->drop = drop;
+      return;
+    }
+    r->created = true;
+    if (tmp.nat) {
+      ct_nat_packet(tmp, 0, &cp);
+      r->nat_applied = tmp.nat;
+      r->state |= nat_flags(tmp.nat, 0);
+      r->after = ct_key_reverse(tmp.key[1]);
+    }
+    r->have_tuple = true;
+    r->orig = tmp.key[0];
+    if (spec.set_mark) r->mark = spec.mark & spec.mark_mask;
+    if (spec.set_label) r->label = spec.label & spec.label_mask;
+    return;
+  }
+
+  uint16_t drop = admit(spec.zone);
+  if (drop != DROP_NONE) {  // over a limit: let expiry catch up once, then refuse
+    w.sweep(now, kQuotaSweep);
+    drop = admit(spec.zone);
+  }
+  if (drop != DROP_NONE) {
+    r->drop = drop;
+    return;
+  }
+  c = w.alloc();
+  if (!build_conn(c, cp, range, dnat, dnat_addr, dnat_port, nat_, false, &drop)) {
+    release(spec.zone);
+    w.free_.push_back(c);
+    r->drop = drop;
+    return;
+  }
+  refresh(c, now);
+  c->owner = static_cast<uint8_t>(w.slot_);
+  Conn* existing;
+  if (!insert(c, now, &existing)) {
+    release(spec.zone);
+    if (c->mapping) nat_.release(c->mapping);
+    w.free_.push_back(c);
+    if (existing) {  // another worker committed the same connection a moment ago
+      execute(w, p, spec, now, dry_run, r);
+      return;
+    }
+    r->drop = DROP_NAT_COLLISION;
+    return;
+  }
+  w.file(c, now);
+  w.created++;
+  exec(c, spec);
+  r->created = true;
+  if (c->nat) {
+    ct_nat_packet(*c, 0, &cp);
+    r->nat_applied = c->nat;
+    r->state |= nat_flags(c->nat, 0);
+    r->after = ct_key_reverse(c->key[1]);
+  }
+  fill_result(c, r);
+}
+
+// ---- dumps -------------------------------------------------------------------------------------
+
+void Conntrack::dump(int zone, std::vector<Entry>* out) {
+  std::atomic<CtNode*>* hs = heads();
+  if (!hs) return;
+  const int64_t now = clock();
+  for (uint32_t b = 0; b <= mask_; b++) {
+    if (!hs[b].load(std::memory_order_relaxed)) continue;
+    Stripe& s = stripes_[b & (kStripes - 1)];
+    s.lock();
+    for (CtNode* n = hs[b].load(std::memory_order_relaxed); n; n = n->next.load(std::memory_order_relaxed)) {
+      if (n->dir != 0) continue;
+      Conn* c = Conn::of(n);
+      if (!live(c, now) || (zone >= 0 && c->key[0].zone != zone)) continue;
+      Entry e;
+      e.orig = c->key[0];
+      e.reply = c->key[1];
+      c->spin_lock();
+      e.mark = c->mark.load(std::memory_order_relaxed);
+      e.label = (static_cast<u128>(c->label_hi.load(std::memory_order_relaxed)) << 64) |
+                c->label_lo.load(std::memory_order_relaxed);
+      e.protoinfo = ct_proto(c->key[0].proto).state(c);
+      c->spin_unlock();
+      e.expires_in_ns = c->expires.load(std::memory_order_relaxed) - now;
+      e.nat = c->nat;
+      out->push_back(e);
+    }
+    s.unlock();
+  }
+  std::sort(out->begin(), out->end(), [](const Entry& a, const Entry& b) {
+    if (a.orig.zone != b.orig.zone) return a.orig.zone < b.orig.zone;
+    if (a.orig.proto != b.orig.proto) return a.orig.proto < b.orig.proto;
+    return std::memcmp(&a.orig, &b.orig, sizeof(CtKey)) < 0;
+  });
+}
+
+static std::string tuple_fields(const CtKey& k) {
+  char a[64], b[64];
+  inet_ntop(k.v6 ? AF_INET6 : AF_INET, k.src, a, sizeof a);
+  inet_ntop(k.v6 ? AF_INET6 : AF_INET, k.dst, b, sizeof b);
+  std::string s = std::string("src=") + a + ",dst=" + b;
+  if (k.proto == kIpIcmp || k.proto == kIpIcmpv6) {
+    uint8_t tc[2];
+    std::memcpy(tc, &k.dport, 2);
+    s += ",id=" + std::to_string(be16(k.sport)) + ",type=" + std::to_string(tc[0]) + ",code=" + std::to_string(tc[1]);
+  } else {
+    s += ",sport=" + std::to_string(be16(k.sport)) + ",dport=" + std::to_string(be16(k.dport));
+  }
+  return s;
+}
+
+std::string Conntrack::format(const Entry& e) {
+  const uint8_t p = e.orig.proto;
+  std::string s = p == kIpTcp ? "tcp" : p == kIpUdp ? "udp" : p == kIpIcmp ? "icmp" : p == kIpIcmpv6 ? "icmpv6"
+                                                                                                  : std::to_string(p);
+  s += ",orig=(" + tuple_fields(e.orig) + "),reply=(" + tuple_fields(e.reply) + ")";
+  if (e.orig.zone) s += ",zone=" + std::to_string(e.orig.zone);
+  if (e.mark) s += ",mark=" + std::to_string(e.mark);
+  if (e.label) s += ",labels=" + hex_u128(e.label);
+  if (e.protoinfo) s += std::string(",protoinfo=(state=") + e.protoinfo + ")";
+  return s;
+}
+
+size_t Conntrack::flush(int zone) {
+  std::atomic<CtNode*>* hs = heads();
+  if (!hs) return 0;
+  // Hold an epoch slot: a connection found here is not reused before remove() looks at it.
+  int slot = epoch_.acquire();
+  epoch_.enter(slot);
+  std::vector<Conn*> victims;
+  for (uint32_t b = 0; b <= mask_; b++) {
+    if (!hs[b].load(std::memory_order_relaxed)) continue;
+    Stripe& s = stripes_[b & (kStripes - 1)];
+    s.lock();
+    for (CtNode* n = hs[b].load(std::memory_order_relaxed); n; n = n->next.load(std::memory_order_relaxed)) {
+      Conn* c = Conn::of(n);
+      if (n->dir == 0 && (zone < 0 || c->key[0].zone == zone)) victims.push_back(c);
+    }
+    s.unlock();
+  }
+  size_t n = 0;
+  for (Conn* c : victims) n += remove(c) ? 1 : 0;
+  epoch_.leave(slot);
+  epoch_.release(slot);
+  return n;
+}
+
+void Conntrack::zone_counts(std::vector<std::pair<uint16_t, uint32_t>>* out) const {
+  for (uint32_t z = 0; z < 65536; z++) {
+    uint32_t n = zones_[z].count.load(std::memory_order_relaxed);
+    if (n) out->push_back({static_cast<uint16_t>(z), n});
+  }
+}
+
+size_t Conntrack::table_bytes() const { return heads() ? (static_cast<size_t>(mask_) + 1) * sizeof(CtNode*) : 0; }
+
+size_t Conntrack::bytes_per_conn() const {
+  uint32_t n = 1024;
+  while (n < max_conns_.load(std::memory_order_relaxed) && n < (1u << 30)) n <<= 1;
+  return sizeof(Conn) + (static_cast<size_t>(n) * sizeof(CtNode*) + max_conns_ - 1) / std::max<uint32_t>(max_conns_, 1);
+}
+
+// ---- per-worker: allocation and the expiry wheel ----------------------------------------------------
+
+CtWorker::CtWorker(Conntrack* ct, int slot) : ct_(ct), slot_(slot), wheel_(new Conn*[kWheelSlots]()) {}
+
+CtWorker::~CtWorker() {
+  // Connections this worker owns leave the table with it.
+  for (int i = 0; i < kWheelSlots; i++)
+    for (Conn* c = wheel_[i]; c; c = c->wheel_next) ct_->remove(c);
+  {
+    std::lock_guard<std::mutex> g(ct_->workers_mu_);
+    auto& ws = ct_->workers_;
+    ws.erase(std::remove(ws.begin(), ws.end(), this), ws.end());
+  }
+  ct_->epoch_.release(slot_);
+}
+
+int64_t CtWorker::begin(int64_t now_hint) {
+  ct_->epoch_.enter(slot_);
+  in_read_ = true;
+  ct_->ensure_table();
+  return ct_->advance_clock(now_hint);
+}
+
+void CtWorker::end() {
+  ct_->epoch_.leave(slot_);
+  in_read_ = false;
+}
+
+Conn* CtWorker::alloc() {
+  Conn* c;
+  if (free_.empty()) {
+    reclaim();
+  }
+  if (free_.empty()) {
+    c = ct_->alloc_chunk(&free_);
+  } else {
+    c = free_.back();
+    free_.pop_back();
+  }
+  new (c) Conn();
+  return c;
+}
+
+void CtWorker::file(Conn* c, int64_t now) {
+  int64_t now_tick = now >> kTickShift;
+  if (cursor_ < 0) cursor_ = now_tick;
+  int64_t tick = c->expires.load(std::memory_order_relaxed) >> kTickShift;
+  tick = std::max(tick, cursor_);
+  tick = std::min(tick, cursor_ + kWheelSlots - 1);
+  Conn*& head = wheel_[tick & (kWheelSlots - 1)];
+  c->wheel_next = head;
+  head = c;
+  filed_++;
+}
+
+void CtWorker::reclaim() {
+  if (retired_.empty()) return;
+  const uint64_t safe = ct_->epoch_.min_active();
+  size_t k = 0;
+  while (k < retired_.size() && retired_[k].first < safe) free_.push_back(retired_[k++].second);
+  retired_.erase(retired_.begin(), retired_.begin() + static_cast<long>(k));
+}
+
+void CtWorker::sweep(int64_t now, size_t budget) {
+  reclaim();
+  if (cursor_ < 0) return;
+  const int64_t now_tick = now >> kTickShift;
+  while (budget && cursor_ <= now_tick) {
+    Conn*& head = wheel_[cursor_ & (kWheelSlots - 1)];
+    Conn* refile = nullptr;  // connections still alive go one tick on at least
+    while (head && budget) {
+      Conn* c = head;
+      head = c->wheel_next;
+      filed_--;
+      budget--;
+      if (!c->dead.load(std::memory_order_acquire) && c->expires.load(std::memory_order_relaxed) > now) {
+        c->wheel_next = refile;
+        refile = c;
+        continue;
+      }
+      if (ct_->remove(c)) expired++;
+      retired_.push_back({ct_->epoch_.retire_tag(), c});
+    }
+    const bool done = head == nullptr;
+    if (done) cursor_++;
+    while (refile) {
+      Conn* c = refile;
+      refile = c->wheel_next;
+      int64_t tick = std::max(c->expires.load(std::memory_order_relaxed) >> kTickShift, cursor_ + (done ? 0 : 1));
+      tick = std::min(tick, cursor_ + kWheelSlots - 1);
+      Conn*& h = wheel_[tick & (kWheelSlots - 1)];
+      c->wheel_next = h;
+      h = c;
+      filed_++;
+    }
+    if (!done) break;
+  }
+}
+
+}  // namespace dpu

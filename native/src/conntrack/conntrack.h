@@ -1,0 +1,235 @@
+// conntrack.h: the connection table, shared by every worker of a dataplane.
+//
+// Stage "conntrack" of the fast path (DESIGN.md, "The path of a packet"):
+//   Uses:  a packet sent to conntrack by a ct action (CtSpec: zone, commit,
+//          nat, exec) at its parsed offsets, and the conntrack clock.
+//   Sets:  the packet's ct_state, ct_zone, ct_mark and CtPacketMeta (label,
+//          original-direction tuple); NAT rewrites its headers; connections
+//          are created (commit), updated and found. A packet that cannot be
+//          committed (quota, no NAT port, table full) is dropped with that
+//          reason.
+//   Next:  the worker recirculates the packet (ct(table=T)) or continues its
+//          remaining datapath actions (ct without table).
+//
+// Table: a power-of-two array of chain heads, sized from the connection
+// limit when the first connection is created. Every connection is linked
+// twice, by its original and its reply key (conn.h). Lookups take no lock:
+// chains are walked with acquire loads, and unlinked connections are freed
+// only after every worker that might hold one has left its read section
+// (epoch.h). Writers (create, expire, flush) lock the chains they change
+// through 1,024 striped spinlocks, two at most, in address order.
+//
+// Expiry: a connection belongs to the worker that created it; that worker's
+// timer wheel (8,192 ticks of ~1.07 s) holds it at its expiry time and is
+// advanced in bounded slices between batches (CtWorker::sweep), never on the
+// per-packet path. A packet refreshes a connection's expiry with one store;
+// the wheel re-files refreshed connections when their old tick comes, and
+// lookups treat a connection past its expiry as gone even before the wheel
+// reaches it, so timeouts are exact whenever the sweep runs.
+//
+// Time: the conntrack clock is the newest time any worker has seen: packet
+// timestamps in a replay (hours of capture replay their timeouts faithfully),
+// the monotonic clock (plus warp) otherwise.
+//
+// Limits: a global connection limit and per-zone limits (tenant quotas),
+// checked when a connection is committed; a packet over either is dropped
+// (ct_table_full, ct_quota) and nothing else is disturbed.
+//
+// Thread-safety: execute()/CtWorker by their worker; config, dump, flush and
+// counters from any thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "conn.h"
+#include "ct_packet.h"
+#include "ct_proto.h"
+#include "dpu/drops.h"
+#include "dpu/fields.h"
+#include "epoch.h"
+#include "nat.h"
+
+namespace dpu {
+
+// A ct action as the datapath executes it (built by the slow path; owned by
+// the megaflow).
+struct CtSpec {
+  uint16_t zone = 0;
+  bool commit = false, force = false;
+  bool nat = false;             // any nat keyword: translate per the connection
+  NatRange range;               // nat(src=..)/nat(dst=..) for a new connection
+  bool set_mark = false, set_label = false;
+  uint32_t mark = 0, mark_mask = 0;
+  u128 label = 0, label_mask = 0;
+  uint32_t recirc_id = 0;       // ct(table=T): resume there; 0: continue the action list
+};
+
+struct CtConfig {
+  int64_t timeout_ns[TM_COUNT] = {240 * 1000000000ll, 7440 * 1000000000ll, 300 * 1000000000ll, 60 * 1000000000ll};
+  uint32_t max_conns = 2u << 20;
+};
+
+struct CtZoneCfg {
+  uint32_t limit = 0;           // 0: none (the global limit still applies)
+  bool eif = false;             // endpoint-independent filtering (RFC 4787 REQ-8)
+};
+
+// What the conntrack stage did to one packet.
+struct CtResult {
+  uint8_t state = 0;            // kCs* bits
+  uint32_t mark = 0;
+  u128 label = 0;
+  uint16_t drop = DROP_NONE;    // the packet must be dropped, and why
+  bool have_tuple = false;      // orig is the original-direction tuple
+  CtKey orig{};
+  // for trace
+  bool created = false;         // committed now
+  uint8_t nat_applied = 0;      // kNatSrc / kNatDst on this packet
+  CtKey before{}, after{};      // the packet's tuple before and after NAT
+};
+
+class Conntrack;
+
+// One worker's side of the table: its epoch slot, expiry wheel, connection
+// free list and counters.
+class CtWorker {
+ public:
+  CtWorker(Conntrack* ct, int slot);
+  ~CtWorker();
+  CtWorker(const CtWorker&) = delete;
+  CtWorker& operator=(const CtWorker&) = delete;
+
+  // Around a batch's conntrack stage: returns the conntrack clock for it.
+  int64_t begin(int64_t now_hint);
+  void end();
+  // Expiry: at most `budget` connections of this worker's wheel are looked
+  // at; freed memory is reclaimed once no reader can hold it.
+  void sweep(int64_t now, size_t budget);
+  int slot() const { return slot_; }
+
+  uint64_t created = 0, expired = 0, removed = 0;  // this worker's counts
+
+ private:
+  friend class Conntrack;
+  static constexpr int kWheelBits = 13;
+  static constexpr int kWheelSlots = 1 << kWheelBits;
+  static constexpr int kTickShift = 30;  // ~1.07 s
+
+  Conn* alloc();
+  void file(Conn* c, int64_t now);
+  void reclaim();
+
+  Conntrack* ct_;
+  int slot_;
+  std::vector<Conn*> free_;
+  std::vector<std::pair<uint64_t, Conn*>> retired_;  // (epoch tag, connection)
+  std::unique_ptr<Conn*[]> wheel_;
+  int64_t cursor_ = -1;         // next tick to process
+  size_t filed_ = 0;
+  bool in_read_ = false;
+};
+
+class Conntrack {
+ public:
+  Conntrack();
+  ~Conntrack();
+  Conntrack(const Conntrack&) = delete;
+  Conntrack& operator=(const Conntrack&) = delete;
+
+  // ---- configuration (any thread) -------------------------------------------------------
+  void set_config(const CtConfig& c);
+  CtConfig config() const;
+  void set_zones(const std::vector<std::pair<uint16_t, CtZoneCfg>>& zones);  // replaces every zone's settings
+  NatTable& nat() { return nat_; }
+
+  // ---- workers -------------------------------------------------------------------------------
+  std::unique_ptr<CtWorker> attach();
+
+  // ---- the stage (worker, between CtWorker::begin and end) --------------------------------
+  void execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r);
+  // Hint for the batch loop: the chain head a key lands in.
+  void prefetch(uint32_t hash) const;
+
+  // ---- dumps and counters (any thread) ---------------------------------------------------
+  struct Entry {
+    CtKey orig, reply;
+    uint32_t mark;
+    u128 label;
+    const char* protoinfo;  // TCP state, or nullptr
+    int64_t expires_in_ns;
+    uint8_t nat;
+  };
+  void dump(int zone, std::vector<Entry>* out);  // zone -1: all; sorted by zone, protocol, tuple
+  // One entry in the shape of `ovs-appctl dpctl/dump-conntrack`:
+  // tcp,orig=(src=..,dst=..,sport=..,dport=..),reply=(..),zone=N,mark=M,protoinfo=(state=..)
+  static std::string format(const Entry& e);
+  size_t flush(int zone);                         // zone -1: all; returns how many
+  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+  void zone_counts(std::vector<std::pair<uint16_t, uint32_t>>* out) const;
+  size_t bytes_per_conn() const;
+  size_t table_bytes() const;
+  int64_t clock() const { return clock_.load(std::memory_order_relaxed); }
+  int64_t advance_clock(int64_t t);
+
+ private:
+  friend class CtWorker;
+  struct alignas(64) Stripe {
+    std::atomic<uint8_t> l{0};
+    void lock() {
+      while (l.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
+    }
+    void unlock() { l.store(0, std::memory_order_release); }
+  };
+  struct ZoneState {
+    std::atomic<uint32_t> count{0};
+    std::atomic<uint32_t> limit{0};
+    std::atomic<bool> eif{false};
+  };
+  static constexpr uint32_t kStripes = 1024;
+
+  std::atomic<CtNode*>* heads() const { return heads_.load(std::memory_order_acquire); }
+  void ensure_table();
+  Conn* lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const;
+  bool live(const Conn* c, int64_t now) const {
+    return !c->dead.load(std::memory_order_relaxed) && c->expires.load(std::memory_order_relaxed) > now;
+  }
+  void lock2(uint32_t b0, uint32_t b1);
+  void unlock2(uint32_t b0, uint32_t b1);
+  bool chain_has(uint32_t b, const CtKey& k, int64_t now) const;
+  void link(CtNode* n, uint32_t b);
+  void unlink(CtNode* n, uint32_t b);
+  // Inserts a new connection; false if its reply key is taken (then
+  // *existing is the live connection with its original key, if any).
+  bool insert(Conn* c, int64_t now, Conn** existing);
+  bool remove(Conn* c);  // unlink; false if it was already gone
+  void refresh(Conn* c, int64_t now) const;
+  void exec(Conn* c, const CtSpec& spec) const;
+  uint16_t admit(uint16_t zone);  // counts a new connection in, or the drop reason
+  void release(uint16_t zone);
+  Conn* create(CtWorker& w, const CtPacket& cp, const CtSpec& spec, const NatRange& nat, bool eif_target,
+               uint32_t dnat_addr, uint16_t dnat_port, int64_t now, uint16_t* drop);
+  void fill_result(const Conn* c, CtResult* r) const;
+  Conn* alloc_chunk(std::vector<Conn*>* free_list);
+
+  std::atomic<std::atomic<CtNode*>*> heads_{nullptr};
+  std::unique_ptr<std::atomic<CtNode*>[]> heads_mem_;
+  uint32_t mask_ = 0;
+  std::mutex table_mu_;                            // first allocation, chunks
+  std::vector<std::unique_ptr<Conn[]>> chunks_;
+  std::unique_ptr<Stripe[]> stripes_;
+  std::unique_ptr<ZoneState[]> zones_;             // 65,536
+  std::atomic<uint64_t> count_{0};
+  std::atomic<uint32_t> max_conns_;
+  std::atomic<int64_t> timeout_ns_[TM_COUNT];
+  std::atomic<int64_t> clock_{0};
+  Epoch epoch_;
+  NatTable nat_;
+  std::mutex workers_mu_;
+  std::vector<CtWorker*> workers_;                 // attached (for flush: reclaim hints)
+};
+
+}  // namespace dpu

@@ -1,0 +1,52 @@
+// ct_other.cc: UDP and ICMP echo pseudo-connections, and the protocol table.
+//
+// A UDP flow or an ICMP query (echo, timestamp) is a connection from its
+// first packet until it has been idle for its timeout (UDP 5 minutes, RFC
+// 4787 REQ-5; ICMP 60 seconds, RFC 5508 REQ-1). Packets in the original
+// direction are +new until a reply has been seen, +est after (as Open
+// vSwitch); only a query starts an ICMP connection, so an unsolicited echo
+// reply is +inv.
+#include "ct_proto.h"
+
+namespace dpu {
+namespace {
+
+bool udp_valid_new(const CtPacket&) { return true; }
+
+bool icmp_valid_new(const CtPacket& p) {
+  uint8_t type;
+  std::memcpy(&type, &p.key.dport, 1);
+  return p.key.v6 ? type == 128 : (type == 8 || type == 13);
+}
+
+void udp_init(Conn* c, const CtPacket&) {
+  c->state.store(0, std::memory_order_relaxed);
+  c->tmo = TM_UDP;
+}
+
+void icmp_init(Conn* c, const CtPacket&) {
+  c->state.store(0, std::memory_order_relaxed);
+  c->tmo = TM_ICMP;
+}
+
+CtUpdate other_update(Conn* c, const CtPacket&, bool reply) {
+  if (reply && c->state.load(std::memory_order_relaxed) == 0) c->state.store(1, std::memory_order_relaxed);
+  return c->state.load(std::memory_order_relaxed) ? CtUpdate::VALID : CtUpdate::VALID_NEW;
+}
+
+const char* no_state(const Conn*) { return nullptr; }
+
+}  // namespace
+
+const CtProto kCtUdp = {udp_valid_new, udp_init, other_update, no_state};
+const CtProto kCtIcmp = {icmp_valid_new, icmp_init, other_update, no_state};
+
+const CtProto& ct_proto(uint8_t ip_proto) {
+  switch (ip_proto) {
+    case kIpTcp: return kCtTcp;
+    case kIpUdp: return kCtUdp;
+    default: return kCtIcmp;
+  }
+}
+
+}  // namespace dpu

@@ -1,0 +1,181 @@
+// ct_tcp.cc: TCP connection tracking with sequence-window checks.
+//
+// Each side's sequence space is tracked as in Guido van Rooij's "Real
+// Stateful TCP Packet Filtering in IP Filter" (the model pf and Open vSwitch
+// also use): seqlo is the highest sequence number a side has sent, seqhi
+// the highest the other side's acknowledgements and window let it send, and
+// max_win the largest window it has advertised. A packet is accepted when
+//   * it ends inside the window the peer granted (seqhi),
+//   * it starts no more than a window before what was already sent
+//     (retransmissions),
+//   * it acknowledges neither data never sent nor data more than a window
+//     back (with a fudge factor of 64 KiB + 1500 bytes), and
+//   * a RST carries the expected sequence number (+-1).
+// That is lenient enough for real stacks (retransmissions, window scaling,
+// SACK-less recovery) and strict enough that injected or stale segments are
+// +inv. Right after the handshake or the close the checks are looser (no
+// window yet, or packets of a connection that is going away), as in those
+// trackers, but such packets do not refresh the connection's timeout.
+//
+// States advance SYN_SENT -> ESTABLISHED (the other side acknowledged)
+// -> CLOSING (sent FIN) -> FIN_WAIT_2 (FIN acknowledged); a RST moves both
+// sides to TIME_WAIT. A SYN once both sides are past FIN_WAIT_2 starts a new
+// connection. Timeouts: established (default 2 h 4 min, RFC 5382 REQ-5) once
+// both sides are established and neither is closing, transitory (4 min)
+// otherwise.
+#include <algorithm>
+
+#include "ct_proto.h"
+
+namespace dpu {
+namespace {
+
+constexpr uint8_t kWscaleSet = 0x80, kWscaleMask = 0x0f;
+constexpr int64_t kMaxAckWindow = 0xffff + 1500;
+
+inline bool seq_gt(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) > 0; }
+inline bool seq_geq(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0; }
+
+// Flag combinations no stack sends: SYN with RST or FIN, and anything but a
+// SYN or a RST without ACK (FIN alone, a null or Christmas-tree scan).
+bool flags_invalid(uint16_t f) {
+  if (f & kTcpSyn) return (f & (kTcpRst | kTcpFin)) != 0;
+  if (f & kTcpRst) return false;
+  return !(f & kTcpAck);
+}
+
+bool tcp_valid_new(const CtPacket& p) {
+  return !flags_invalid(p.tcp_flags) && (p.tcp_flags & (kTcpSyn | kTcpAck)) == kTcpSyn;
+}
+
+void tcp_init(Conn* c, const CtPacket& p) {
+  TcpTrack& t = c->tcp;
+  t = TcpTrack{};
+  t.seqlo[0] = p.seq;
+  t.seqhi[0] = p.seq + p.payload + 1 + ((p.tcp_flags & kTcpSyn) ? 1 : 0) + ((p.tcp_flags & kTcpFin) ? 1 : 0);
+  t.max_win[0] = p.win ? p.win : 1;  // a SYN's window is never scaled
+  if (p.wscale >= 0) t.wscale[0] = static_cast<uint8_t>(p.wscale | kWscaleSet);
+  t.state[0] = TCPS_SYN_SENT;
+  t.state[1] = TCPS_CLOSED;
+  t.seqhi[1] = 1;  // nothing known of the responder yet
+  t.max_win[1] = 1;
+  c->tmo = TM_TCP_TRANSITORY;
+}
+
+uint8_t timeout_class(const TcpTrack& t, int s, int d) {
+  if (t.state[s] < TCPS_ESTABLISHED || t.state[d] < TCPS_ESTABLISHED) return TM_TCP_TRANSITORY;
+  if (t.state[s] >= TCPS_CLOSING || t.state[d] >= TCPS_CLOSING) return TM_TCP_TRANSITORY;
+  return TM_TCP_ESTABLISHED;
+}
+
+CtUpdate tcp_update(Conn* c, const CtPacket& p, bool reply) {
+  TcpTrack& t = c->tcp;
+  const int s = reply ? 1 : 0, d = 1 - s;  // sender, receiver
+  const uint16_t f = p.tcp_flags;
+  if (flags_invalid(f)) return CtUpdate::INVALID;
+
+  if ((f & (kTcpSyn | kTcpAck)) == kTcpSyn) {
+    if (t.state[s] >= TCPS_FIN_WAIT_2 && t.state[d] >= TCPS_FIN_WAIT_2) return CtUpdate::NEW;  // port reuse
+    if (t.state[s] <= TCPS_SYN_SENT) {  // a retransmitted SYN: still a new connection
+      t.state[s] = TCPS_SYN_SENT;
+      c->tmo = TM_TCP_TRANSITORY;
+      return CtUpdate::VALID_NEW;
+    }
+  }
+
+  uint8_t sws = 0, dws = 0;
+  if (!(f & kTcpSyn) && (t.wscale[s] & kWscaleSet) && (t.wscale[d] & kWscaleSet)) {
+    sws = t.wscale[s] & kWscaleMask;
+    dws = t.wscale[d] & kWscaleMask;
+  }
+  uint32_t win = p.win;
+  const uint32_t orig_seq = p.seq;
+  uint32_t seq = p.seq, ack = p.ack;
+  uint32_t end = seq + p.payload + ((f & kTcpSyn) ? 1 : 0) + ((f & kTcpFin) ? 1 : 0);
+  bool check_ackskew = true;
+
+  if (t.state[s] < TCPS_SYN_SENT) {
+    // The first packet from this side (normally the SYN-ACK).
+    if (f & kTcpSyn) {
+      if (t.wscale[d] & kWscaleSet) {
+        if (p.wscale >= 0) {  // both sides scale (RFC 7323)
+          t.wscale[s] = static_cast<uint8_t>(p.wscale | kWscaleSet);
+          sws = static_cast<uint8_t>(p.wscale);
+          win = (win + (1u << sws) - 1) >> sws;  // store windows in unscaled units
+          dws = t.wscale[d] & kWscaleMask;
+        } else {
+          t.max_win[d] <<= t.wscale[d] & kWscaleMask;
+          t.wscale[d] = 0;  // the option was not agreed: nobody scales
+        }
+      }
+    }
+    t.seqlo[s] = seq;
+    t.state[s] = TCPS_SYN_SENT;
+    uint32_t room = std::max<uint32_t>(1, t.max_win[d] << dws);
+    if (t.seqhi[s] == 1 || seq_geq(end + room, t.seqhi[s])) {
+      t.seqhi[s] = end + room;
+      check_ackskew = false;  // picking the connection up: no acknowledgement history yet
+    }
+    if (win > t.max_win[s]) t.max_win[s] = win;
+  }
+
+  if (!(f & kTcpAck)) ack = t.seqlo[d];  // nothing acknowledged: passes the skew check
+  else if (ack == 0 && (f & (kTcpAck | kTcpRst)) == (kTcpAck | kTcpRst)) ack = t.seqlo[d];  // stacks that leave it 0
+  if (seq == end) {  // no data: ease the sequence checks
+    seq = t.seqlo[s];
+    end = seq;
+  }
+  const int64_t ackskew = check_ackskew ? static_cast<int32_t>(t.seqlo[d] - ack) : 0;
+  const bool in_window = seq_geq(t.seqhi[s], end) &&
+                         seq_geq(seq, t.seqlo[s] - (t.max_win[d] << dws)) && ackskew >= -kMaxAckWindow &&
+                         ackskew <= (kMaxAckWindow << sws) &&
+                         (!(f & kTcpRst) || orig_seq == t.seqlo[s] || orig_seq == t.seqlo[s] + 1 ||
+                          orig_seq + 1 == t.seqlo[s]);
+  auto slide = [&] {
+    if (win > t.max_win[s]) t.max_win[s] = win;
+    if (seq_gt(end, t.seqlo[s])) t.seqlo[s] = end;
+    uint32_t granted = win << sws;
+    if (seq_geq(ack + granted, t.seqhi[d])) t.seqhi[d] = ack + std::max<uint32_t>(granted, 1);
+  };
+  if (in_window) {
+    slide();
+    if ((f & kTcpSyn) && t.state[s] < TCPS_SYN_SENT) t.state[s] = TCPS_SYN_SENT;
+    if ((f & kTcpFin) && t.state[s] < TCPS_CLOSING) t.state[s] = TCPS_CLOSING;
+    if (f & kTcpAck) {
+      if (t.state[d] == TCPS_SYN_SENT) t.state[d] = TCPS_ESTABLISHED;
+      else if (t.state[d] == TCPS_CLOSING) t.state[d] = TCPS_FIN_WAIT_2;
+    }
+    if (f & kTcpRst) t.state[s] = t.state[d] = TCPS_TIME_WAIT;
+    c->tmo = timeout_class(t, s, d);
+    return CtUpdate::VALID;
+  }
+  // Looser: the other side has not spoken yet (SYNs shotgunned, a flushed
+  // table), or the connection is going away. Tracked, but not refreshed.
+  const bool loose_phase =
+      t.state[d] < TCPS_SYN_SENT || t.state[d] >= TCPS_FIN_WAIT_2 || t.state[s] >= TCPS_FIN_WAIT_2;
+  if (loose_phase && seq_geq(t.seqhi[s] + kMaxAckWindow, end) && seq_geq(seq, t.seqlo[s] - kMaxAckWindow)) {
+    slide();
+    if ((f & kTcpFin) && t.state[s] < TCPS_CLOSING) t.state[s] = TCPS_CLOSING;
+    if (f & kTcpRst) t.state[s] = t.state[d] = TCPS_TIME_WAIT;
+    return CtUpdate::VALID_LOOSE;
+  }
+  return CtUpdate::INVALID;
+}
+
+const char* const kTcpStateNames[] = {"CLOSED",     "LISTEN",     "SYN_SENT", "SYN_RECV",   "ESTABLISHED", "CLOSE_WAIT",
+                                      "FIN_WAIT_1", "CLOSING",    "LAST_ACK", "FIN_WAIT_2", "TIME_WAIT"};
+
+// One state for both sides, as dpctl/dump-conntrack prints it: the further
+// side's, with FIN_WAIT_2 shown as TIME_WAIT and SYN_RECV as ESTABLISHED.
+const char* tcp_state(const Conn* c) {
+  uint8_t st = std::max(c->tcp.state[0], c->tcp.state[1]);
+  if (st == TCPS_FIN_WAIT_2) st = TCPS_TIME_WAIT;
+  if (st == TCPS_SYN_RECV) st = TCPS_ESTABLISHED;
+  return st <= TCPS_TIME_WAIT ? kTcpStateNames[st] : "UNKNOWN";
+}
+
+}  // namespace
+
+const CtProto kCtTcp = {tcp_valid_new, tcp_init, tcp_update, tcp_state};
+
+}  // namespace dpu

@@ -1,0 +1,222 @@
+// nat.cc: NAT mappings and port selection (see nat.h).
+#include "nat.h"
+
+#include "dpu/flow_key.h"
+
+namespace dpu {
+
+// One public address's ports for one protocol: a bit per port (1 = taken)
+// and a summary bit per word that is full.
+struct NatTable::PortBits {
+  uint64_t w[1024] = {};
+  uint64_t full[16] = {};
+  bool test(uint16_t p) const { return w[p >> 6] >> (p & 63) & 1; }
+  void set(uint16_t p) {
+    w[p >> 6] |= 1ull << (p & 63);
+    if (w[p >> 6] == ~0ull) full[p >> 12] |= 1ull << ((p >> 6) & 63);
+  }
+  void clear(uint16_t p) {
+    w[p >> 6] &= ~(1ull << (p & 63));
+    full[p >> 12] &= ~(1ull << ((p >> 6) & 63));
+  }
+  // First free port in [from, to] (inclusive, from <= to), or -1. Full words
+  // are skipped through the summary: at most 16 summary words and 2 partial
+  // words are read.
+  int first_free(uint32_t from, uint32_t to) const {
+    uint32_t word = from >> 6;
+    uint64_t m = ~w[word] & (~0ull << (from & 63));
+    while (true) {
+      if (m) {
+        uint32_t p = (word << 6) | static_cast<uint32_t>(__builtin_ctzll(m));
+        return p <= to ? static_cast<int>(p) : -1;
+      }
+      // next word that is not full
+      uint32_t next = word + 1;
+      if ((next << 6) > to) return -1;
+      uint32_t sw = next >> 6;
+      uint64_t notfull = ~full[sw] & (~0ull << (next & 63));
+      while (!notfull) {
+        if (++sw >= 16 || (sw << 12) > to) return -1;
+        notfull = ~full[sw];
+      }
+      word = (sw << 6) | static_cast<uint32_t>(__builtin_ctzll(notfull));
+      if ((word << 6) > to) return -1;
+      m = ~w[word];
+    }
+  }
+};
+
+NatTable::NatTable() = default;
+
+NatTable::~NatTable() {
+  std::unordered_map<NatMapping*, bool> all;
+  for (auto& kv : by_int_) all[kv.second] = true;
+  for (auto& kv : by_ext_) all[kv.second] = true;
+  for (NatMapping* m : static_) all[m] = true;
+  for (auto& kv : all) delete kv.first;
+}
+
+size_t NatTable::IntKeyHash::operator()(const IntKey& k) const {
+  return static_cast<size_t>(mix128(k.a ^ 0x9e3779b97f4a7c15ull, k.b ^ 0xc2b2ae3d27d4eb4full));
+}
+
+NatTable::IntKey NatTable::int_key(uint16_t zone, uint8_t proto, uint32_t addr, uint16_t port, uint64_t pool) {
+  IntKey k;
+  k.a = static_cast<uint64_t>(addr) << 32 | static_cast<uint64_t>(port) << 16 | zone;
+  k.b = pool ^ (static_cast<uint64_t>(proto) << 56);
+  return k;
+}
+
+uint64_t NatTable::ext_key(uint8_t proto, uint32_t addr, uint16_t port) {
+  return static_cast<uint64_t>(proto) << 48 | static_cast<uint64_t>(addr) << 16 | port;
+}
+
+static uint64_t pool_id(const NatRange& r) {
+  return (static_cast<uint64_t>(r.addr_min) << 32 | r.addr_max) ^ (static_cast<uint64_t>(r.port_min) << 16 | r.port_max) * 0x9e3779b97f4a7c15ull;
+}
+
+NatTable::PortBits& NatTable::bits(uint8_t proto, uint32_t addr) {
+  auto& p = ports_[static_cast<uint64_t>(proto) << 32 | addr];
+  if (!p) {
+    p = std::make_unique<PortBits>();
+    p->set(0);  // port 0 is never handed out
+  }
+  return *p;
+}
+
+// A free port in [lo, hi] of (proto, addr): `preferred` if free, else the
+// first free one from `start` (wrapping once).
+bool NatTable::take_port(uint8_t proto, uint32_t addr, uint16_t lo, uint16_t hi, uint16_t preferred, uint32_t start,
+                         bool dry_run, uint16_t* out) {
+  PortBits& b = bits(proto, addr);
+  int p = -1;
+  if (preferred >= lo && preferred <= hi && !b.test(preferred)) p = preferred;
+  if (p < 0) {
+    uint32_t s = lo + start % (static_cast<uint32_t>(hi - lo) + 1);
+    p = b.first_free(s, hi);
+    if (p < 0 && s > lo) p = b.first_free(lo, s - 1);
+  }
+  if (p < 0) return false;
+  if (!dry_run) b.set(static_cast<uint16_t>(p));
+  *out = static_cast<uint16_t>(p);
+  return true;
+}
+
+NatMapping* NatTable::acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r,
+                              bool dry_run, uint32_t* ext_addr, uint16_t* ext_port) {
+  const uint64_t pool = pool_id(r);
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = by_int_.find(int_key(zone, proto, int_addr, int_port, pool));
+  if (it != by_int_.end()) {
+    NatMapping* m = it->second;
+    *ext_addr = m->ext_addr;
+    *ext_port = m->ext_port;
+    if (!dry_run) m->refs++;
+    return m;
+  }
+  // Paired pooling: the public address is a function of the internal one.
+  uint32_t n_addr = r.addr_max - r.addr_min + 1;
+  uint32_t h = hash_words(be32(int_addr), zone, proto, 0x6e6174u);
+  uint32_t addr = r.addr_min + (n_addr ? h % n_addr : 0);
+  const bool icmp = proto == kIpIcmp || proto == kIpIcmpv6;
+  uint16_t lo = r.port_min ? r.port_min : (icmp ? 1 : 1024);
+  uint16_t hi = r.port_min ? r.port_max : 65535;
+  const uint16_t want = be16(int_port);
+  rng_ ^= rng_ << 13;
+  rng_ ^= rng_ >> 7;
+  rng_ ^= rng_ << 17;
+  uint32_t start = r.random ? static_cast<uint32_t>(rng_) : hash_words(be32(int_addr), want, zone, proto);
+  uint16_t port;
+  PortBits& b = bits(proto, be32(addr));
+  if (!r.port_min && !r.random && want && want < lo && !b.test(want)) {
+    port = want;  // no range given: a low source port is kept too, when free
+    if (!dry_run) b.set(port);
+  } else if (!take_port(proto, be32(addr), lo, hi, r.random ? 0 : want, start, dry_run, &port)) {
+    return nullptr;
+  }
+  *ext_addr = be32(addr);
+  *ext_port = be16(port);
+  if (dry_run) return reinterpret_cast<NatMapping*>(this);  // non-null: would succeed
+  auto* m = new NatMapping;
+  m->zone = zone;
+  m->proto = proto;
+  m->int_addr = int_addr;
+  m->int_port = int_port;
+  m->ext_addr = *ext_addr;
+  m->ext_port = *ext_port;
+  m->pool = pool;
+  m->refs = 1;
+  by_int_[int_key(zone, proto, int_addr, int_port, pool)] = m;
+  by_ext_.emplace(ext_key(proto, m->ext_addr, m->ext_port), m);
+  return m;
+}
+
+void NatTable::free_mapping(NatMapping* m) {
+  auto ik = int_key(m->zone, m->proto, m->int_addr, m->int_port, m->pool);
+  auto it = by_int_.find(ik);
+  if (it != by_int_.end() && it->second == m) by_int_.erase(it);
+  uint64_t ek = ext_key(m->proto, m->ext_addr, m->ext_port);
+  auto et = by_ext_.find(ek);
+  if (et != by_ext_.end() && et->second == m) {
+    by_ext_.erase(et);
+    bits(m->proto, m->ext_addr).clear(be16(m->ext_port));
+  }
+  delete m;
+}
+
+void NatTable::release(NatMapping* m) {
+  if (!m) return;
+  std::lock_guard<std::mutex> g(mu_);
+  if (--m->refs == 0 && !m->is_static) free_mapping(m);
+}
+
+bool NatTable::find_ext(uint16_t zone, uint8_t proto, uint32_t ext_addr, uint16_t ext_port, NatMapping* out) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = by_ext_.find(ext_key(proto, ext_addr, ext_port));
+  if (it == by_ext_.end() || it->second->zone != zone) return false;
+  *out = *it->second;
+  return true;
+}
+
+void NatTable::set_static(const std::vector<StaticMapping>& maps) {
+  std::lock_guard<std::mutex> g(mu_);
+  for (NatMapping* m : static_) {
+    m->is_static = false;
+    if (m->refs == 0) free_mapping(m);  // otherwise it lives on as a dynamic mapping until its connections end
+  }
+  static_.clear();
+  for (const StaticMapping& s : maps) {
+    auto* m = new NatMapping;
+    m->zone = s.zone;
+    m->proto = s.proto;
+    m->int_addr = s.int_addr;
+    m->int_port = s.int_port;
+    m->ext_addr = s.ext_addr;
+    m->ext_port = s.ext_port;
+    NatRange one;
+    one.addr_min = one.addr_max = be32(s.ext_addr);
+    m->pool = pool_id(one);
+    m->is_static = true;
+    static_.push_back(m);
+    by_int_[int_key(m->zone, m->proto, m->int_addr, m->int_port, m->pool)] = m;
+    by_ext_[ext_key(m->proto, m->ext_addr, m->ext_port)] = m;  // shadows a dynamic one until it ends
+    bits(m->proto, m->ext_addr).set(be16(m->ext_port));
+  }
+}
+
+size_t NatTable::mappings() {
+  std::lock_guard<std::mutex> g(mu_);
+  return by_ext_.size();
+}
+
+void NatTable::pick_dst(const NatRange& r, uint32_t client, uint16_t orig_port, uint32_t* addr, uint16_t* port) {
+  uint32_t n_addr = r.addr_max - r.addr_min + 1;
+  uint32_t h = hash_words(be32(client), be16(orig_port), 0x646e6174u, 0);
+  *addr = be32(r.addr_min + (n_addr ? h % n_addr : 0));
+  uint16_t p = be16(orig_port);
+  if (r.port_min && (p < r.port_min || p > r.port_max))
+    p = static_cast<uint16_t>(r.port_min + h % (static_cast<uint32_t>(r.port_max - r.port_min) + 1));
+  *port = be16(p);
+}
+
+}  // namespace dpu

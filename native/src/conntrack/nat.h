@@ -1,0 +1,102 @@
+// nat.h: NAT address and port selection (RFC 4787, RFC 5382, RFC 5508).
+//
+// Source NAT is endpoint-independent (RFC 4787 REQ-1): an internal endpoint
+// (zone, protocol, address, port) keeps one public endpoint, its mapping,
+// whatever it talks to, for as long as any connection uses it. New mappings
+// keep the source port when it is free (ICMP echo: the identifier), and an
+// internal address always leaves from the same public address of a pool
+// ("paired" pooling, REQ-2): the address is a hash of the internal one.
+//
+// Every public address has a bitmap of its ports per protocol with a summary
+// of the words that still have a free bit, so finding a free port is a scan
+// of at most 17 words, never a walk of 64,000 candidates on the packet path;
+// when the address has no free port left the new connection is refused
+// (drop reason nat_no_port) and existing ones are untouched.
+//
+// Static mappings (port forwards) reserve their public port and serve as the
+// internal endpoint's mapping for source NAT from the same address.
+//
+// Destination NAT (floating addresses, forwards) needs no allocation: the
+// target is chosen from the rule's range by a hash of the client.
+//
+// Thread-safety: one mutex; taken only when a connection is created or ends
+// (never for packets of established connections).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "dpu/rule.h"
+#include "dpu/status.h"
+
+namespace dpu {
+
+struct NatMapping {
+  uint16_t zone = 0;
+  uint8_t proto = 0;
+  uint32_t int_addr = 0;  // network order
+  uint16_t int_port = 0;  // network order
+  uint32_t ext_addr = 0;  // network order
+  uint16_t ext_port = 0;  // network order
+  uint64_t pool = 0;      // the range it was taken from
+  uint32_t refs = 0;      // connections holding it
+  bool is_static = false;
+};
+
+struct StaticMapping {
+  uint16_t zone;
+  uint8_t proto;
+  uint32_t int_addr, ext_addr;  // network order
+  uint16_t int_port, ext_port;  // network order
+};
+
+class NatTable {
+ public:
+  NatTable();
+  ~NatTable();
+
+  // The public endpoint for a new source-NATed connection from an internal
+  // endpoint, taking a reference on its mapping (created if needed), or
+  // nullptr when the chosen public address has no free port. With dry_run
+  // nothing is taken: *ext_* say what would be picked (trace).
+  NatMapping* acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r,
+                      bool dry_run, uint32_t* ext_addr, uint16_t* ext_port);
+  void release(NatMapping* m);
+  // The mapping that owns a public endpoint (endpoint-independent filtering);
+  // copied out under the lock.
+  bool find_ext(uint16_t zone, uint8_t proto, uint32_t ext_addr, uint16_t ext_port, NatMapping* out);
+  // Replaces the set of static mappings.
+  void set_static(const std::vector<StaticMapping>& maps);
+  size_t mappings();
+
+  // Destination NAT target for a client (no allocation).
+  static void pick_dst(const NatRange& r, uint32_t client, uint16_t orig_port, uint32_t* addr, uint16_t* port);
+
+ private:
+  struct PortBits;
+  struct IntKey {
+    uint64_t a, b;
+    bool operator==(const IntKey& o) const { return a == o.a && b == o.b; }
+  };
+  struct IntKeyHash {
+    size_t operator()(const IntKey& k) const;
+  };
+  static IntKey int_key(uint16_t zone, uint8_t proto, uint32_t addr, uint16_t port, uint64_t pool);
+  static uint64_t ext_key(uint8_t proto, uint32_t addr, uint16_t port);
+  PortBits& bits(uint8_t proto, uint32_t addr);  // addr network order
+  bool take_port(uint8_t proto, uint32_t addr, uint16_t lo, uint16_t hi, uint16_t preferred, uint32_t start,
+                 bool dry_run, uint16_t* out);
+  void free_mapping(NatMapping* m);
+
+  std::mutex mu_;
+  std::unordered_map<IntKey, NatMapping*, IntKeyHash> by_int_;
+  std::unordered_map<uint64_t, NatMapping*> by_ext_;
+  std::unordered_map<uint64_t, std::unique_ptr<PortBits>> ports_;  // (proto, address) -> bitmap
+  std::vector<NatMapping*> static_;
+  uint64_t rng_ = 0x2545f4914f6cdd1dull;
+};
+
+}  // namespace dpu
