@@ -304,10 +304,65 @@ class Dataplane:
         return dp
 
     def load_topology(self, topology: Any, flows: Union[None, str, Iterable[str]] = None) -> dict:
-        """Loads or reloads a topology atomically; user flows (other cookies) stay."""
-        from .topology import apply_topology
+        """Loads (or reloads) a topology (a YAML path, text, dict, or a loaded
+        Topology) in one atomic transaction. The previously compiled flows and
+        groups are replaced; flows the user added (other cookies) stay, and
+        ``flows`` are added on top. Ports the new topology no longer has are
+        removed; a changed uplink is reconfigured; conntrack zones (quotas,
+        filtering) and port forwards are replaced with the flows."""
+        import gc
 
-        return apply_topology(self, topology, extra_flows=flows)
+        from .topology import Topology, compile_topology, load_topology
+
+        # Compiling 100k endpoints allocates millions of short-lived objects and no
+        # cycles: the cyclic collector would only rescan them over and over.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            topo = topology if isinstance(topology, Topology) else load_topology(topology)
+            return self._apply_compiled(compile_topology(topo), flows)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _apply_compiled(self, comp: Any, extra_flows: Union[None, str, Iterable[str]]) -> dict:
+        from .topology import TOPOLOGY_COOKIE, TOPOLOGY_COOKIE_MASK
+
+        old = self.topology
+        existing = {p["name"]: p for p in self.port_info()}
+        t = self.transaction()
+        wanted = {p["name"] for p in comp.ports}
+        if old is not None:
+            for name in old.port_names:
+                if name not in wanted and name in existing:
+                    t.del_port(name)
+        for p in comp.ports:
+            cur = existing.get(p["name"])
+            if cur is None:
+                t.add_ports.append(p)
+            elif p.get("tunnel") or cur.get("tunnel"):
+                if any(cur.get(k) != v for k, v in p.items() if k != "ofport"):
+                    t.del_port(p["name"])
+                    t.add_ports.append(dict(p, ofport=cur["ofport"]))
+        t.del_flows(f"cookie={TOPOLOGY_COOKIE:#x}/{TOPOLOGY_COOKIE_MASK:#x}")
+        if old is not None:
+            for text, _ in old.groups:
+                t.del_groups(text.split(",", 1)[0])
+        for text, _ in comp.groups:
+            t.add_group(text)
+        for text, _ in comp.flows:
+            t.add_flow(text)
+        if extra_flows:
+            t.add_flows(_flow_lines(extra_flows))
+        t.set_tenants(comp.tenants)
+        t.set_ct_zones(comp.ct_zones)
+        t.set_nat_static(comp.nat_static)
+        result = t.commit()
+        self.topology = comp
+        topo = comp.topology
+        if topo.ct_timeouts or topo.ct_max_connections:
+            self.ct_config(timeouts=topo.ct_timeouts, max_connections=topo.ct_max_connections)
+        return result
 
     reload_topology = load_topology
 

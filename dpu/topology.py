@@ -37,6 +37,9 @@ TOPOLOGY_COOKIE_MASK = 0xFF << 56
 TUNNEL_PORT = "vxlan0"
 
 T_INGRESS, T_L3, T_L2, T_FABRIC = 0, 10, 20, 30
+T_NAT_OUT, T_NAT_OUT_CT, T_NAT_OUT_ROUTE = 40, 41, 42
+T_INET_IN, T_INET_IN_CT, T_INET_IN_ROUTE = 60, 61, 62
+PROTO_NUMBERS = {"tcp": 6, "udp": 17}
 
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
@@ -69,6 +72,42 @@ class Endpoint:
 
 
 @dataclass
+class Forward:
+    proto: str                       # tcp | udp
+    public: ipaddress.IPv4Address
+    port: int
+    to: ipaddress.IPv4Address
+    to_port: int
+
+
+@dataclass
+class Nat:
+    snat: Tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]   # pool, first..last
+    floating: List[Tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]]  # (private, public)
+    forwards: List[Forward]
+    endpoint_independent_filtering: bool = False
+
+    @property
+    def public_addresses(self) -> List[ipaddress.IPv4Address]:
+        seen: Dict[Any, None] = {}
+        a, b = self.snat
+        for i in range(int(a), int(b) + 1):
+            seen.setdefault(ipaddress.IPv4Address(i), None)
+        for _, pub in self.floating:
+            seen.setdefault(pub, None)
+        for f in self.forwards:
+            seen.setdefault(f.public, None)
+        return list(seen)
+
+
+@dataclass
+class Internet:
+    port: str
+    mac: str
+    nexthop_mac: str
+
+
+@dataclass
 class Tenant:
     name: str
     vni: int
@@ -78,6 +117,9 @@ class Tenant:
     remote: List[Endpoint]
     flood: List[Union[ipaddress.IPv4Address, ipaddress.IPv6Address]]
     index: int = 0
+    zone: int = 0                    # conntrack zone
+    nat: Optional[Nat] = None
+    connection_limit: int = 0        # 0: none
 
     @property
     def vteps(self) -> List[Union[ipaddress.IPv4Address, ipaddress.IPv6Address]]:
@@ -94,6 +136,9 @@ class Topology:
     uplink: Uplink
     tenants: Dict[str, Tenant]
     source: str = "<topology>"
+    internet: Optional[Internet] = None
+    ct_timeouts: Dict[str, float] = field(default_factory=dict)
+    ct_max_connections: Optional[int] = None
 
 
 # ---- loading and validation --------------------------------------------------------
@@ -182,7 +227,7 @@ def load_topology(src: Any) -> Topology:
     """Parses and validates a topology (a YAML path, YAML text, or a dict)."""
     data, where = _read_source(src)
     v = _V(where)
-    v.mapping(data, "", ["uplink", "tenants"], [])
+    v.mapping(data, "", ["uplink", "tenants"], ["internet", "conntrack"])
     u = v.mapping(data["uplink"], "uplink", ["port", "ip", "mac", "nexthop_mac"],
                   ["mtu", "vxlan_port", "ttl", "src_port_range", "strict_vxlan"])
     uplink = Uplink(
@@ -207,6 +252,15 @@ def load_topology(src: Any) -> Topology:
             v.fail("uplink.src_port_range", f"min {lo} is above max {hi}")
         uplink.src_port_range = (lo, hi)
 
+    internet = None
+    if data.get("internet") is not None:
+        i = v.mapping(data["internet"], "internet", ["port", "mac", "nexthop_mac"], [])
+        internet = Internet(port=v.name(i["port"], "internet.port"), mac=v.mac(i["mac"], "internet.mac"),
+                            nexthop_mac=v.mac(i["nexthop_mac"], "internet.nexthop_mac"))
+        if internet.port == uplink.port:
+            v.fail("internet.port", f"{internet.port} is the uplink port")
+    ct_timeouts, ct_max = _conntrack_section(v, data.get("conntrack"))
+
     tenants_raw = data["tenants"]
     if not isinstance(tenants_raw, dict) or not tenants_raw:
         v.fail("tenants", "expected a mapping of tenant name to tenant")
@@ -216,7 +270,7 @@ def load_topology(src: Any) -> Topology:
     for index, (tname, t) in enumerate(tenants_raw.items(), 1):
         tp = f"tenants.{tname}"
         v.name(tname, tp)
-        v.mapping(t, tp, ["vni", "gateway_mac", "subnets"], ["ports", "remote", "flood"])
+        v.mapping(t, tp, ["vni", "gateway_mac", "subnets"], ["ports", "remote", "flood", "zone", "nat", "limits"])
         vni = v.integer(t["vni"], f"{tp}.vni", 1, (1 << 24) - 1)
         if vni in vnis:
             v.fail(f"{tp}.vni", f"VNI {vni} is already used by tenant {vnis[vni]}")
@@ -263,6 +317,8 @@ def load_topology(src: Any) -> Topology:
             v.name(pname, pp)
             if pname == uplink.port:
                 v.fail(pp, f"{pname} is the uplink port")
+            if internet and pname == internet.port:
+                v.fail(pp, f"{pname} is the internet port")
             if pname in port_owner:
                 v.fail(pp, f"port {pname} already belongs to tenant {port_owner[pname]}")
             port_owner[pname] = tname
@@ -299,8 +355,135 @@ def load_topology(src: Any) -> Topology:
                 v.fail(f"{tp}.flood[{i}]", f"{a} is our own VTEP address")
             if a not in flood:
                 flood.append(a)
-        tenants[tname] = Tenant(tname, vni, gw_mac, subnets, ports, remote, flood, index)
-    return Topology(uplink, tenants, where)
+        tenant = Tenant(tname, vni, gw_mac, subnets, ports, remote, flood, index)
+        tenant.zone = v.integer(t["zone"], f"{tp}.zone", 1, 65535) if t.get("zone") is not None else vni
+        if t.get("limits") is not None:
+            lim = v.mapping(t["limits"], f"{tp}.limits", [], ["connections"])
+            if lim.get("connections") is not None:
+                tenant.connection_limit = v.integer(lim["connections"], f"{tp}.limits.connections", 1, 1 << 30)
+        if t.get("nat") is not None:
+            if internet is None:
+                v.fail(f"{tp}.nat", "NAT needs the internet: section (port, mac, nexthop_mac)")
+            tenant.nat = _nat_section(v, t["nat"], f"{tp}.nat", tenant)
+        tenants[tname] = tenant
+    _check_public_addresses(v, tenants)
+    zones: Dict[int, str] = {}
+    for tname, tenant in tenants.items():
+        if not tenant.nat and not tenant.connection_limit:
+            continue  # no conntrack: its zone is never used
+        if tenant.zone > 65535:
+            v.fail(f"tenants.{tname}.zone",
+                   f"VNI {tenant.vni} does not fit a 16-bit conntrack zone: set tenants.{tname}.zone")
+        if tenant.zone in zones:
+            v.fail(f"tenants.{tname}.zone", f"conntrack zone {tenant.zone} is already used by tenant {zones[tenant.zone]}")
+        zones[tenant.zone] = tname
+    return Topology(uplink, tenants, where, internet, ct_timeouts, ct_max)
+
+
+_TIMEOUTS = ("tcp_established", "tcp_transitory", "udp", "icmp")
+
+
+def _conntrack_section(v: _V, c: Any) -> Tuple[Dict[str, float], Optional[int]]:
+    """conntrack: {max_connections: N, timeouts: {tcp_established: s, ...}}"""
+    if c is None:
+        return {}, None
+    v.mapping(c, "conntrack", [], ["max_connections", "timeouts"])
+    max_conns = None
+    if c.get("max_connections") is not None:
+        max_conns = v.integer(c["max_connections"], "conntrack.max_connections", 1, 1 << 30)
+    timeouts: Dict[str, float] = {}
+    if c.get("timeouts") is not None:
+        v.mapping(c["timeouts"], "conntrack.timeouts", [], list(_TIMEOUTS))
+        for k, val in c["timeouts"].items():
+            timeouts[k] = v.integer(val, f"conntrack.timeouts.{k}", 1, 30 * 24 * 3600)
+    return timeouts, max_conns
+
+
+def _ipv4(v: _V, value: Any, path: str) -> ipaddress.IPv4Address:
+    return v.ip(value, path, 4)
+
+
+def _nat_section(v: _V, n: Any, np: str, tenant: Tenant) -> Nat:
+    v.mapping(n, np, ["snat"], ["floating", "forwards", "filtering"])
+    snat = n["snat"]
+    text = str(snat)
+    if "-" in text:
+        lo_s, hi_s = text.split("-", 1)
+        lo, hi = _ipv4(v, lo_s.strip(), f"{np}.snat"), _ipv4(v, hi_s.strip(), f"{np}.snat")
+        if int(lo) > int(hi):
+            v.fail(f"{np}.snat", f"pool {lo}-{hi} is reversed (first address above the last)")
+        if int(hi) - int(lo) >= 65536:
+            v.fail(f"{np}.snat", f"pool {lo}-{hi} has more than 65,536 addresses")
+    else:
+        lo = hi = _ipv4(v, text, f"{np}.snat")
+    nets = [net for net, _ in tenant.subnets]
+    endpoints = {ep.ip: ep for ep in list(tenant.ports.values()) + tenant.remote}
+
+    def public(addr, path):
+        if any(addr in net for net in nets):
+            v.fail(path, f"{addr} is inside tenant {tenant.name}'s own subnets, not a public address")
+        return addr
+
+    for i in range(int(lo), int(hi) + 1):
+        public(ipaddress.IPv4Address(i), f"{np}.snat")
+    floating = []
+    seen_private: Dict[Any, str] = {}
+    fl = n.get("floating") or []
+    if not isinstance(fl, list):
+        v.fail(f"{np}.floating", "expected a list of {private, public}")
+    for i, f in enumerate(fl):
+        fp = f"{np}.floating[{i}]"
+        v.mapping(f, fp, ["private", "public"], [])
+        priv = _ipv4(v, f["private"], f"{fp}.private")
+        pub = public(_ipv4(v, f["public"], f"{fp}.public"), f"{fp}.public")
+        if priv not in endpoints:
+            v.fail(f"{fp}.private", f"{priv} is not an endpoint of tenant {tenant.name} (ports or remote)")
+        if priv in seen_private:
+            v.fail(f"{fp}.private", f"{priv} already has a floating address ({seen_private[priv]})")
+        seen_private[priv] = fp
+        if int(lo) <= int(pub) <= int(hi):
+            v.fail(f"{fp}.public", f"{pub} is in the tenant's snat pool; a floating address needs its own")
+        floating.append((priv, pub))
+    forwards: List[Forward] = []
+    fw = n.get("forwards") or []
+    if not isinstance(fw, list):
+        v.fail(f"{np}.forwards", "expected a list of {proto, public, port, to, to_port}")
+    seen_fw: Dict[Any, str] = {}
+    float_pubs = {pub for _, pub in floating}
+    for i, f in enumerate(fw):
+        fp = f"{np}.forwards[{i}]"
+        v.mapping(f, fp, ["proto", "public", "port", "to"], ["to_port"])
+        proto = f["proto"]
+        if proto not in ("tcp", "udp"):
+            v.fail(f"{fp}.proto", f"{proto!r} is not tcp or udp")
+        pub = public(_ipv4(v, f["public"], f"{fp}.public"), f"{fp}.public")
+        if pub in float_pubs:
+            v.fail(f"{fp}.public", f"{pub} is a floating address (all its ports go to its machine)")
+        port = v.integer(f["port"], f"{fp}.port", 1, 65535)
+        to = _ipv4(v, f["to"], f"{fp}.to")
+        if to not in endpoints:
+            v.fail(f"{fp}.to", f"{to} is not an endpoint of tenant {tenant.name} (ports or remote)")
+        to_port = v.integer(f.get("to_port", port), f"{fp}.to_port", 1, 65535)
+        key = (proto, pub, port)
+        if key in seen_fw:
+            v.fail(fp, f"{proto} {pub}:{port} is already forwarded by {seen_fw[key]}")
+        seen_fw[key] = fp
+        forwards.append(Forward(proto, pub, port, to, to_port))
+    filtering = n.get("filtering", "address-and-port-dependent")
+    if filtering not in ("endpoint-independent", "address-and-port-dependent"):
+        v.fail(f"{np}.filtering", f"{filtering!r} is not endpoint-independent or address-and-port-dependent")
+    return Nat((lo, hi), floating, forwards, filtering == "endpoint-independent")
+
+
+def _check_public_addresses(v: _V, tenants: Dict[str, "Tenant"]) -> None:
+    owner: Dict[Any, str] = {}
+    for tname, t in tenants.items():
+        if not t.nat:
+            continue
+        for addr in t.nat.public_addresses:
+            if addr in owner and owner[addr] != tname:
+                v.fail(f"tenants.{tname}.nat", f"public address {addr} is already used by tenant {owner[addr]}")
+            owner[addr] = tname
 
 
 def _unique(v: _V, seen: Dict[Any, str], key: Any, path: str, gateways: Optional[dict]) -> None:
@@ -323,6 +506,8 @@ class Compiled:
     flows: List[Tuple[str, str]]             # (flow text, section comment)
     tenants: List[Tuple[str, int]]           # (name, metadata)
     topology: Topology
+    ct_zones: List[Tuple[int, int, bool]] = field(default_factory=list)   # (zone, limit, EIF)
+    nat_static: List[tuple] = field(default_factory=list)  # (zone, proto, int ip, int port, pub ip, pub port)
 
     @property
     def port_names(self) -> List[str]:
@@ -333,9 +518,21 @@ class Compiled:
         u = self.topology.uplink
         out = [f"# dpu compile {self.topology.source}"]
         out.append(f"# ports: {u.port} (uplink), {TUNNEL_PORT} (VTEP {u.ip} udp/{u.vxlan_port} over {u.port}, mtu {u.mtu})")
+        if self.topology.internet:
+            out.append(f"#   internet: {self.topology.internet.port}")
         for t in self.topology.tenants.values():
             if t.ports:
-                out.append(f"#   tenant {t.name} (vni {t.vni}): " + ", ".join(t.ports))
+                out.append(f"#   tenant {t.name} (vni {t.vni}, conntrack zone {t.zone}): " + ", ".join(t.ports))
+            if t.nat:
+                a, b = t.nat.snat
+                nat = [f"snat {a}" + (f"-{b}" if b != a else "")]
+                nat += [f"floating {pub} -> {priv}" for priv, pub in t.nat.floating]
+                nat += [f"forward {f.proto} {f.public}:{f.port} -> {f.to}:{f.to_port}" for f in t.nat.forwards]
+                if t.nat.endpoint_independent_filtering:
+                    nat.append("endpoint-independent filtering")
+                out.append(f"#   tenant {t.name} NAT: " + "; ".join(nat))
+            if t.connection_limit:
+                out.append(f"#   tenant {t.name} connection limit: {t.connection_limit}")
         out.append("")
         last = None
         for text, comment in self.groups:
@@ -494,62 +691,104 @@ def compile_topology(topo: Topology) -> Compiled:
         for p in t.ports:
             ports.append({"name": p, "ofport": 0})
 
+    ct_zones: List[Tuple[int, int, bool]] = []
+    nat_static: List[tuple] = []
+    if topo.internet:
+        ports.append({"name": topo.internet.port, "ofport": 0})
+        _compile_internet(topo, add)
+    for t in topo.tenants.values():
+        if t.nat or t.connection_limit:
+            ct_zones.append((t.zone, t.connection_limit, bool(t.nat and t.nat.endpoint_independent_filtering)))
+        if t.nat:
+            _compile_nat(topo, t, add)
+            for f in t.nat.forwards:
+                nat_static.append((t.zone, PROTO_NUMBERS[f.proto], str(f.to), f.to_port, str(f.public), f.port))
     tenants = [(t.name, t.vni) for t in topo.tenants.values()]
-    return Compiled(ports, groups, flows, tenants, topo)
+    return Compiled(ports, groups, flows, tenants, topo, ct_zones, nat_static)
 
 
-def apply_topology(dp, src: Any, extra_flows: Union[None, str, Iterable[str]] = None) -> dict:
-    """Loads (or reloads) a topology into ``dp`` in one atomic transaction.
+def _compile_internet(topo: Topology, add) -> None:
+    """Table 0 on the internet port: ARP for every public address is answered;
+    IP to a public address enters its tenant's inbound NAT (table 60);
+    anything else is unroutable."""
+    inet = topo.internet
+    g0 = f"cookie={TOPOLOGY_COOKIE:#x}"
+    sec = f"table {T_INGRESS}: internet port {inet.port}"
+    for t in topo.tenants.values():
+        if not t.nat:
+            continue
+        ck = f"cookie={TOPOLOGY_COOKIE | t.index:#x}"
+        for pub in t.nat.public_addresses:
+            add((f"table={T_INGRESS},priority=200,{ck},in_port={inet.port},arp,arp_op=1,arp_tpa={pub},"
+                 f"actions={_arp_reply(inet.mac, pub)}", sec))
+            add((f"table={T_INGRESS},priority=200,{ck},in_port={inet.port},dl_dst={inet.mac},ip,nw_dst={pub},"
+                 f"actions=write_metadata:{t.vni:#x},goto_table:{T_INET_IN}", sec))
+    add((f"table={T_INGRESS},priority=100,{g0},in_port={inet.port},actions=drop(unroutable)", sec))
 
-    The previously compiled flows and groups are replaced; flows the user added
-    (other cookies) stay, and ``extra_flows`` are added on top. Ports that the
-    new topology no longer has are removed; a changed uplink is reconfigured.
+
+def _compile_nat(topo: Topology, t: Tenant, add) -> None:
+    """A tenant's way to the internet and back, through its conntrack zone.
+
+    Out (from its machines, routed by the gateway to an address outside its
+    subnets): 40 conntrack with the existing translation; 41 new connections
+    committed with the machine's floating address or the SNAT pool; 42 to the
+    internet (TTL decremented once), or back in (hairpin) when the
+    destination is one of the tenant's own public addresses.
+    In (to one of its public addresses): 60 conntrack; 61 new connections are
+    forwards, floating addresses, or (endpoint-independent filtering)
+    mappings, else dropped; 62 routed to the machine by its private address.
     """
-    import gc
+    inet = topo.internet
+    nat = t.nat
+    ck = f"cookie={TOPOLOGY_COOKIE | t.index:#x}"
+    md = f"metadata={t.vni:#x}"
+    z = f"zone={t.zone}"
+    a, b = nat.snat
+    pool = f"{a}" + (f"-{b}" if b != a else "")
+    tname = f"tenant {t.name} (vni {t.vni}, zone {t.zone})"
 
-    from .dataplane import _flow_lines
+    sec = f"table {T_L3}: {tname}: to the internet"
+    for net, _ in t.subnets:  # inside its own subnets but not a known endpoint: stays unroutable
+        add((f"table={T_L3},priority=60,{ck},{md},dl_dst={t.gateway_mac},ip,nw_dst={net},actions=drop(unroutable)", sec))
+    add((f"table={T_L3},priority=55,{ck},{md},dl_dst={t.gateway_mac},ip,actions=goto_table:{T_NAT_OUT}", sec))
 
-    # Compiling 100k endpoints allocates millions of short-lived objects and no
-    # cycles: the cyclic collector would only rescan them over and over.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _apply_topology(dp, src, extra_flows, _flow_lines)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    sec = f"table {T_NAT_OUT}: {tname}: conntrack, existing translation"
+    add((f"table={T_NAT_OUT},priority=100,{ck},{md},ip,actions=ct({z},nat,table={T_NAT_OUT_CT})", sec))
 
+    sec = f"table {T_NAT_OUT_CT}: {tname}: new connections take the floating address or the SNAT pool"
+    add((f"table={T_NAT_OUT_CT},priority=200,{ck},{md},ct_state=+trk+inv,ip,actions=drop(ct_invalid)", sec))
+    for priv, pub in nat.floating:
+        add((f"table={T_NAT_OUT_CT},priority=150,{ck},{md},ct_state=+trk+new,ip,nw_src={priv},"
+             f"actions=ct(commit,{z},nat(src={pub}),table={T_NAT_OUT_ROUTE})", sec))
+    add((f"table={T_NAT_OUT_CT},priority=100,{ck},{md},ct_state=+trk+new,ip,"
+         f"actions=ct(commit,{z},nat(src={pool}),table={T_NAT_OUT_ROUTE})", sec))
+    add((f"table={T_NAT_OUT_CT},priority=50,{ck},{md},ct_state=+trk,ip,actions=goto_table:{T_NAT_OUT_ROUTE}", sec))
 
-def _apply_topology(dp, src, extra_flows, _flow_lines) -> dict:
-    topo = src if isinstance(src, Topology) else load_topology(src)
-    comp = compile_topology(topo)
-    old: Optional[Compiled] = getattr(dp, "topology", None)
-    existing = {p["name"]: p for p in dp.port_info()}
-    t = dp.transaction()
-    wanted = {p["name"] for p in comp.ports}
-    if old is not None:
-        for name in old.port_names:
-            if name not in wanted and name in existing:
-                t.del_port(name)
-    for p in comp.ports:
-        cur = existing.get(p["name"])
-        if cur is None:
-            t.add_ports.append(p)
-        elif p.get("tunnel") or cur.get("tunnel"):
-            if any(cur.get(k) != v for k, v in p.items() if k != "ofport"):
-                t.del_port(p["name"])
-                t.add_ports.append(dict(p, ofport=cur["ofport"]))
-    t.del_flows(f"cookie={TOPOLOGY_COOKIE:#x}/{TOPOLOGY_COOKIE_MASK:#x}")
-    if old is not None:
-        for text, _ in old.groups:
-            t.del_groups(text.split(",", 1)[0])
-    for text, _ in comp.groups:
-        t.add_group(text)
-    for text, _ in comp.flows:
-        t.add_flow(text)
-    if extra_flows:
-        t.add_flows(_flow_lines(extra_flows))
-    t.set_tenants(comp.tenants)
-    result = t.commit()
-    dp.topology = comp
-    return result
+    sec = f"table {T_NAT_OUT_ROUTE}: {tname}: out the internet port, or back in to its own public addresses"
+    for pub in nat.public_addresses:
+        # hairpin: in again as if from the internet, with a fresh conntrack lookup
+        add((f"table={T_NAT_OUT_ROUTE},priority=100,{ck},{md},ip,nw_dst={pub},actions=ct_clear,goto_table:{T_INET_IN}", sec))
+    add((f"table={T_NAT_OUT_ROUTE},priority=50,{ck},{md},ip,actions=mod_dl_src:{inet.mac},"
+         f"mod_dl_dst:{inet.nexthop_mac},dec_ttl,output:{inet.port}", sec))
+
+    sec = f"table {T_INET_IN}: {tname}: inbound, conntrack"
+    add((f"table={T_INET_IN},priority=100,{ck},{md},ip,actions=ct({z},nat,table={T_INET_IN_CT})", sec))
+
+    sec = f"table {T_INET_IN_CT}: {tname}: inbound: replies, forwards, floating addresses; else unsolicited"
+    add((f"table={T_INET_IN_CT},priority=200,{ck},{md},ct_state=+trk+inv,ip,actions=drop(ct_invalid)", sec))
+    for f in nat.forwards:
+        add((f"table={T_INET_IN_CT},priority=150,{ck},{md},ct_state=+trk+new,{f.proto},nw_dst={f.public},"
+             f"tp_dst={f.port},actions=ct(commit,{z},nat(dst={f.to}:{f.to_port}),table={T_INET_IN_ROUTE})", sec))
+    for priv, pub in nat.floating:
+        add((f"table={T_INET_IN_CT},priority=140,{ck},{md},ct_state=+trk+new,ip,nw_dst={pub},"
+             f"actions=ct(commit,{z},nat(dst={priv}),table={T_INET_IN_ROUTE})", sec))
+    # A mapping reached under endpoint-independent filtering: committed by the first ct already.
+    add((f"table={T_INET_IN_CT},priority=130,{ck},{md},ct_state=+trk+new+dnat,ip,actions=goto_table:{T_INET_IN_ROUTE}", sec))
+    add((f"table={T_INET_IN_CT},priority=100,{ck},{md},ct_state=+trk+new,ip,actions=drop(nat_unsolicited)", sec))
+    add((f"table={T_INET_IN_CT},priority=50,{ck},{md},ct_state=+trk,ip,actions=goto_table:{T_INET_IN_ROUTE}", sec))
+
+    sec = f"table {T_INET_IN_ROUTE}: {tname}: inbound, routed to the machine"
+    for ep in list(t.ports.values()) + t.remote:
+        add((f"table={T_INET_IN_ROUTE},priority=100,{ck},{md},ip,nw_dst={ep.ip},actions=mod_dl_src:{t.gateway_mac},"
+             f"mod_dl_dst:{ep.mac},dec_ttl,resubmit(,{T_L2})", sec))
+    add((f"table={T_INET_IN_ROUTE},priority=50,{ck},{md},actions=drop(unroutable)", sec))

@@ -271,7 +271,19 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now,
   r->after = cp.key;
   const uint32_t h = ct_key_hash(cp.key);
   int dir = 0;
-  Conn* c = lookup(cp.key, h, now, &dir);
+  // A packet an earlier ct of this zone already translated carries its
+  // connection's translated tuple: found by the reverse of it, in the other
+  // direction, and not translated twice (as Open vSwitch).
+  const uint8_t prev_nat = static_cast<uint8_t>(p->md.ct_state & (kCsSrcNat | kCsDstNat));
+  const bool natted = prev_nat && p->md.ct_zone == spec.zone;
+  Conn* c;
+  if (natted) {
+    const CtKey rk = ct_key_reverse(cp.key);
+    c = lookup(rk, ct_key_hash(rk), now, &dir);
+    dir = 1 - dir;
+  } else {
+    c = lookup(cp.key, h, now, &dir);
+  }
 
   if (cp.icmp_error) {  // related to the connection it quotes, or invalid
     if (!c) {
@@ -280,7 +292,9 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now,
     }
     r->state = static_cast<uint8_t>(kCsTracked | kCsRelated | (dir ? kCsReplyDir : 0u));
     if (spec.commit && !dry_run) exec(c, spec);
-    if (spec.nat && c->nat && !cp.key.v6) {
+    if (natted) {
+      r->state |= prev_nat;
+    } else if (spec.nat && c->nat && !cp.key.v6) {
       ct_nat_packet(*c, dir, &cp);
       r->nat_applied = c->nat;
       r->state |= nat_flags(c->nat, dir);
@@ -321,7 +335,9 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now,
       r->state = static_cast<uint8_t>(kCsTracked | (u == CtUpdate::VALID_NEW ? kCsNew : kCsEstablished) |
                                      (dir ? kCsReplyDir : 0u));
       if (spec.commit && !dry_run) exec(c, spec);
-      if (spec.nat && c->nat && !cp.key.v6) {
+      if (natted) {
+        r->state |= prev_nat;
+      } else if (spec.nat && c->nat && !cp.key.v6) {
         ct_nat_packet(*c, dir, &cp);
         r->nat_applied = c->nat;
         r->state |= nat_flags(c->nat, dir);
