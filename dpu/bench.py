@@ -191,6 +191,91 @@ def _tenants_1k():
     return dp, pkts, np.asarray(in_ports, dtype=np.uint32), info
 
 
+# ---- conntrack and NAT ----------------------------------------------------------------
+
+SNAT_FLOWS = """
+table=0,priority=10,in_port=lan,ip,actions=ct(zone=1,nat,table=1)
+table=0,priority=10,in_port=wan,ip,actions=ct(zone=1,nat,table=2)
+table=1,priority=20,ct_state=+trk+inv,ip,actions=drop(ct_invalid)
+table=1,priority=10,ct_state=+trk+est,ip,actions=mod_dl_dst:02:00:00:00:0e:01,dec_ttl,output:wan
+table=1,priority=10,ct_state=+trk+new,ip,actions=ct(commit,zone=1,nat(src={pool}),table=3)
+table=2,priority=10,ct_state=+trk+est,ip,actions=mod_dl_dst:02:00:00:00:0a:01,dec_ttl,output:lan
+table=2,priority=5,ip,actions=drop(nat_unsolicited)
+table=3,priority=10,ip,actions=mod_dl_dst:02:00:00:00:0e:01,dec_ttl,output:wan
+"""
+LAN = 'Ether(src="02:00:00:00:0a:01",dst="02:00:00:00:0f:01")/IP(src="10.0.0.1",dst="198.18.0.0")/'
+WAN = 'Ether(src="02:00:00:00:0e:01",dst="02:00:00:00:0f:02")/IP(src="198.18.0.0",dst="203.0.113.1")/'
+
+
+def _concat(parts):
+    data = np.concatenate([p.data for p in parts])
+    lengths = np.concatenate([p.lengths for p in parts])
+    offsets = np.zeros(len(lengths), dtype=np.uint64)
+    if len(lengths) > 1:
+        offsets[1:] = np.cumsum(lengths[:-1], dtype=np.uint64)
+    return gen.Packets(data, offsets, lengths, np.zeros(len(lengths), dtype=np.uint64))
+
+
+def _feed(dp, pkts, port: str) -> None:
+    """Runs packets through the pipeline once (setup traffic), outputs discarded."""
+    ports = np.full(len(pkts), dp.port_number(port), dtype=np.uint32)
+    dp._core.bench(pkts.data.tobytes(), pkts.offsets, pkts.lengths, ports, len(pkts))
+
+
+def _snat_established(n_conns: int):
+    """n_conns connections, half UDP and half TCP, from one internal host
+    (10.0.0.1, 64 source ports: the NAT keeps them) to as many remote
+    endpoints; each made established by the real exchange (UDP: a reply;
+    TCP: SYN, SYN-ACK, ACK) before the measured traffic: 64-byte packets of
+    the internal side, one per connection."""
+    dp = Dataplane(ports=["lan", "wan"])
+    dp.ct_config(max_connections=max(2 * n_conns, 1 << 20))
+    dp.add_flows(SNAT_FLOWS.format(pool="203.0.113.1"))
+    half = n_conns // 2
+    hosts = max(1, (half + 63) // 64)
+    dst = f"198.18.0.0-{_ip(_ipint('198.18.0.0'), hosts - 1)}"
+
+    def lan(l4, n, size, **vary):
+        return gen.generate(LAN + l4, n, flows=n, vary={**vary, "ip.dst": dst}, size=size)
+
+    def wan(l4, n, **vary):
+        return gen.generate(WAN + l4, n, flows=n, vary={**vary, "ip.src": dst}, size=PACKET_SIZE)
+
+    udp_out = lan("UDP(sport=5000,dport=53)", half, PACKET_SIZE, **{"udp.sport": "5000-5063"})
+    _feed(dp, udp_out, "lan")
+    _feed(dp, wan("UDP(sport=53,dport=5000)", half, **{"udp.dport": "5000-5063"}), "wan")
+    tport = {"tcp.sport": "6000-6063"}
+    rport = {"tcp.dport": "6000-6063"}
+    _feed(dp, lan('TCP(sport=6000,dport=80,flags="S",seq=1000)', half, None, **tport), "lan")
+    _feed(dp, wan('TCP(sport=80,dport=6000,flags="SA",seq=5000,ack=1001)', half, **rport), "wan")
+    _feed(dp, lan('TCP(sport=6000,dport=80,flags="A",seq=1001,ack=5001)', half, None, **tport), "lan")
+    tcp_data = lan('TCP(sport=6000,dport=80,flags="PA",seq=1001,ack=5001)/Raw(b"0123456789")', half, PACKET_SIZE,
+                   **tport)
+    ct = dp.stats()["conntrack"]
+    pkts = _concat([udp_out, tcp_data])
+    order = np.random.default_rng(1).permutation(len(pkts))  # UDP and TCP interleaved, connections in random order
+    pkts = gen.Packets(pkts.data, pkts.offsets[order], pkts.lengths[order], pkts.timestamps_ns)
+    ports = np.full(len(pkts), dp.port_number("lan"), dtype=np.uint32)
+    return dp, pkts, ports, {"flows": len(pkts), "rules": len(dp.dump_flows()), "connections": ct["connections"],
+                             "bytes_per_conn": ct["bytes_per_connection"]}
+
+
+def _snat_new():
+    """New TCP connections through ct(commit,nat): 2,097,152 distinct SYNs
+    (65,536 internal addresses x 32 source ports) into a 256-address pool;
+    the transitory timeout is 0.25 s, so by the time a tuple comes round again
+    its connection has expired and the SYN opens a new one: creation, port
+    allocation and expiry all in the steady state."""
+    dp = Dataplane(ports=["lan", "wan"])
+    dp.ct_config(timeouts={"tcp_transitory": 0.25}, max_connections=1 << 21)
+    dp.add_flows(SNAT_FLOWS.format(pool="203.0.113.0-203.0.113.255"))
+    n = 1 << 21
+    pkts = gen.generate(LAN + 'TCP(sport=1024,dport=80,flags="S")', n, flows=n, size=PACKET_SIZE,
+                        vary={"ip.src": "10.0.0.0-10.0.255.255", "tcp.sport": "1024-1055"})
+    ports = np.full(len(pkts), dp.port_number("lan"), dtype=np.uint32)
+    return dp, pkts, ports, {"flows": n, "rules": len(dp.dump_flows())}
+
+
 BUILDERS: Dict[str, Callable[[], Tuple[Any, Any, Any, dict]]] = {
     "l3-rewrite-1k": lambda: _l3(1000),
     "l3-rewrite-100k": lambda: _l3(100_000),
@@ -199,10 +284,14 @@ BUILDERS: Dict[str, Callable[[], Tuple[Any, Any, Any, dict]]] = {
     "vxlan-encap-1k": _vxlan_encap,
     "vxlan-decap-1k": _vxlan_decap,
     "tenants-1k": _tenants_1k,
+    "snat-est-10k": lambda: _snat_established(10_000),
+    "snat-new": _snat_new,
+    "snat-1m": lambda: _snat_established(1_000_000),
 }
 SCENARIOS = list(BUILDERS) + ["replay-10m"]
 TARGETS_MPPS = {"l3-rewrite-1k": 25, "l3-rewrite-100k": 10, "l3-rewrite-1m": 5, "rules-10k": 15, "replay-10m": 5,
-                "vxlan-encap-1k": 20, "vxlan-decap-1k": 20, "tenants-1k": 10}
+                "vxlan-encap-1k": 20, "vxlan-decap-1k": 20, "tenants-1k": 10, "snat-est-10k": 12, "snat-1m": 6,
+                "snat-new": 1.5}
 
 
 def _run_native(dp, pkts, ports, total: int) -> Tuple[int, float]:
@@ -276,7 +365,16 @@ def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool 
     n = packets or 10_000_000
     res = {"scenario": name, "packet_size": PACKET_SIZE, "packets": n, "repeat": repeat,
            "setup_seconds": round(setup_s, 3), **info}
+    ct0 = dp.stats()["conntrack"]
     res.update(measure(dp, pkts, ports, n, repeat, stages))
+    if name.startswith("snat"):
+        ct1 = dp.stats()["conntrack"]
+        res["connections"] = ct1["connections"]
+        res["bytes_per_conn"] = ct1["bytes_per_connection"]
+        if name == "snat-new":  # every packet opens a connection
+            res["conns_per_s"] = round(res["mpps"] * 1e6)
+            res["created"] = ct1["created"] - ct0["created"]
+            res["expired"] = ct1["expired"] - ct0["expired"]
     if name == "rules-10k":
         res["upcall_mpps"] = round(_upcall_rate(dp, pkts, ports) / 1e6, 4)
     res["target_mpps"] = TARGETS_MPPS.get(name)
@@ -318,6 +416,10 @@ def render(res: dict) -> str:
         line += f"  slow-path={res['upcall_mpps'] * 1e3:.0f} kpps"
     if "load_seconds" in res:
         line += f"  load={res['load_seconds']}s"
+    if "connections" in res:
+        line += f"  connections={res['connections']} ({res['bytes_per_conn']} B each)"
+    if "conns_per_s" in res:
+        line += f"  new={res['conns_per_s'] / 1e6:.2f}M conns/s (expired {res['expired']:,})"
     if res.get("target_mpps"):
         line += f"  (target {res['target_mpps']})"
     if "stages_ns_per_packet" in res:

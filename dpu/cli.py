@@ -207,6 +207,26 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_ct(args) -> int:
+    """dpu ct dump|flush: the connection table after replaying captures
+    (--in), or, with --ctl, of a running instance."""
+    if args.action == "flush":
+        _die("ct flush acts on a running dataplane (dpu run); offline, a replay starts with an empty table")
+    if not args.inputs:
+        _die("ct dump needs captures to replay (--in PORT=FILE) to build the table from")
+    if not args.flows and not args.config:
+        _die("ct dump needs --flows and/or --config")
+    import tempfile
+
+    inputs = _parse_in(args.inputs)
+    dp = _build(args, [p for p, _ in inputs])
+    with tempfile.TemporaryDirectory(prefix="dpu-ct-") as tmp:
+        dp.replay(inputs, args.out_dir or tmp)
+    for c in dp.conntrack(zone=args.zone):
+        print(c)
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -249,6 +269,15 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("packet", nargs="?", help="scapy expression, e.g. 'Ether()/IP(dst=\"10.0.0.5\")/UDP()'")
     sp.set_defaults(func=cmd_trace)
 
+    sp = sub.add_parser("ct", help="the connection table (like ovs-appctl dpctl/dump-conntrack)")
+    sp.add_argument("action", choices=["dump", "flush"], help="dump: print the connections; flush: remove them")
+    pipeline_args(sp)
+    sp.add_argument("--zone", type=_zone_arg, default=None, help="only this conntrack zone (0..65535)")
+    sp.add_argument("--in", dest="inputs", action="append", default=[], metavar="PORT=FILE",
+                    help="capture to replay first, building the table (repeatable)")
+    sp.add_argument("--out-dir", default=None, help="where the replay writes its outputs (default: discarded)")
+    sp.set_defaults(func=cmd_ct)
+
     sp = sub.add_parser("flows", help="load flows (and/or a topology) and print them as dump-flows does")
     pipeline_args(sp)
     sp.add_argument("file", nargs="?", help="flows file (same as --flows)")
@@ -279,6 +308,16 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--stages", action="store_true", help="also measure ns/packet per stage")
     sp.set_defaults(func=cmd_bench)
     return p
+
+
+def _zone_arg(text: str) -> int:
+    try:
+        z = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"zone must be a number 0..65535, got '{text}'")
+    if not 0 <= z <= 65535:
+        raise argparse.ArgumentTypeError(f"zone must be 0..65535, got {z}")
+    return z
 
 
 def _merge_file(args):

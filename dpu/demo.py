@@ -37,6 +37,14 @@ tenants:
     remote:
       - {vtep: 192.0.2.2, mac: 02:00:00:00:02:21, ip: 10.0.0.21}
     flood: [192.0.2.2]
+    nat:
+      snat: 203.0.113.10
+      floating:
+        - {private: 10.0.1.12, public: 203.0.113.12}
+      forwards:
+        - {proto: tcp, public: 203.0.113.10, port: 8080, to: 10.0.1.12, to_port: 80}
+    limits:
+      connections: 100000
   red:
     vni: 200
     gateway_mac: 02:00:00:00:01:01
@@ -47,14 +55,26 @@ tenants:
     remote:
       - {vtep: 192.0.2.3, mac: 02:00:00:00:03:21, ip: 10.0.0.21}
     flood: [192.0.2.3]
+    nat:
+      snat: 203.0.113.20
+    limits:
+      connections: 1000
+internet:
+  port: inet
+  mac: 02:00:00:00:00:31
+  nexthop_mac: 02:00:00:00:00:32
 """
 
 VXLAN_IN = ('Ether(src="02:00:00:00:00:02",dst="02:00:00:00:00:01")/IP(src="{vtep}",dst="192.0.2.1",flags="DF")'
             '/UDP(sport=50000,dport=4789,chksum=0)/VXLAN(flags=0x08,vni={vni})'
             '/Ether(src="{smac}",dst="{dmac}")/IP(src="{sip}",dst="{dip}")/UDP(sport=7000,dport=7001)')
 
-# port -> [(what, share of the traffic, template, flows, vary)]
-TRAFFIC: Dict[str, List[Tuple[str, float, str, int, dict]]] = {
+INET_IN = 'Ether(src="02:00:00:00:00:32",dst="02:00:00:00:00:31")/IP(src="{src}",dst="{dst}")/{l4}'
+
+# port -> [(what, share of the traffic, template, flows, vary[, delay_ns])]: a
+# stream's packets are spread over one second, starting delay_ns late (answers
+# come after the packets they answer).
+TRAFFIC: Dict[str, List[tuple]] = {
     "vm1": [
         ("blue vm1 -> remote 10.0.0.21 (VXLAN encap)", 0.25,
          'Ether(src="02:00:00:00:01:11",dst="02:00:00:00:02:21")/IP(src="10.0.0.11",dst="10.0.0.21")/UDP(sport=1,dport=443)', 1000,
@@ -69,6 +89,9 @@ TRAFFIC: Dict[str, List[Tuple[str, float, str, int, dict]]] = {
         ("blue vm1 spoofing a source address (dropped)", 0.02,
          'Ether(src="02:00:00:00:01:11",dst="02:00:00:00:01:12")/IP(src="10.0.0.66",dst="10.0.1.12")/UDP(sport=1,dport=9)', 50,
          {"udp.sport": "1024-65535"}),
+        ("blue vm1 -> internet DNS 198.51.100.53 (SNAT to 203.0.113.10)", 0.08,
+         'Ether(src="02:00:00:00:01:11",dst="02:00:00:00:01:01")/IP(src="10.0.0.11",dst="198.51.100.53")/UDP(sport=1,dport=53)', 500,
+         {"udp.sport": "20000-20499"}),
     ],
     "vm3": [
         ("red vm3 (same IP as vm1) -> its own remote 10.0.0.21", 0.12,
@@ -76,6 +99,9 @@ TRAFFIC: Dict[str, List[Tuple[str, float, str, int, dict]]] = {
          {"udp.sport": "1024-65535"}),
         ("red vm3 -> blue's remote MAC (isolation drop)", 0.01,
          'Ether(src="02:00:00:00:03:11",dst="02:00:00:00:02:21")/IP(src="10.0.0.11",dst="10.0.0.21")/UDP(sport=1,dport=443)', None, {}),
+        ("red vm3 SYN flood to the internet, 3,000 connections (red's quota is 1,000: ct_quota)", 0.04,
+         'Ether(src="02:00:00:00:03:11",dst="02:00:00:00:01:01")/IP(src="10.0.0.11",dst="198.51.100.80")/TCP(sport=1,dport=80,flags="S")', 3000,
+         {"tcp.sport": "30000-32999"}),
     ],
     "p0": [
         ("VXLAN VNI 100 from 192.0.2.2 -> vm1 (decap)", 0.3,
@@ -85,6 +111,19 @@ TRAFFIC: Dict[str, List[Tuple[str, float, str, int, dict]]] = {
          VXLAN_IN.format(vtep="192.0.2.2", vni=200, smac="02:00:00:00:03:21", dmac="02:00:00:00:03:11", sip="10.0.0.21", dip="10.0.0.11"), None, {}),
         ("VXLAN with an unknown VNI (dropped)", 0.02,
          VXLAN_IN.format(vtep="192.0.2.3", vni=999, smac="02:00:00:00:03:21", dmac="02:00:00:00:03:11", sip="10.0.0.21", dip="10.0.0.11"), None, {}),
+    ],
+    "inet": [
+        ("internet DNS answers to 203.0.113.10 (back to vm1 through the SNAT mapping)", 0.08,
+         INET_IN.format(src="198.51.100.53", dst="203.0.113.10", l4="UDP(sport=53,dport=1)"), 500,
+         {"udp.dport": "20000-20499"}, 200_000),
+        ("internet -> floating address 203.0.113.12 (DNAT to vm2)", 0.03,
+         INET_IN.format(src="198.51.100.9", dst="203.0.113.12", l4='TCP(sport=1,dport=443,flags="S")'), 200,
+         {"tcp.sport": "40000-40199"}),
+        ("internet -> forward 203.0.113.10:8080 (DNAT to vm2:80)", 0.03,
+         INET_IN.format(src="198.51.100.9", dst="203.0.113.10", l4='TCP(sport=1,dport=8080,flags="S")'), 200,
+         {"tcp.sport": "50000-50199"}),
+        ("internet -> 203.0.113.10:9999, nothing forwarded there (nat_unsolicited)", 0.01,
+         INET_IN.format(src="198.51.100.9", dst="203.0.113.10", l4="UDP(sport=1,dport=9999)"), None, {}),
     ],
 }
 
@@ -109,11 +148,11 @@ def make_traffic(in_dir: str, packets: int) -> Dict[str, str]:
     total_share = sum(s for streams in TRAFFIC.values() for _, s, *_ in streams)
     for port, streams in TRAFFIC.items():
         parts = []
-        for k, (_, share, tmpl, flows, vary) in enumerate(streams):
+        for k, (_, share, tmpl, flows, vary, *delay) in enumerate(streams):
             n = max(1, int(packets * share / total_share))
             interval = max(1, int(1e9 / (packets * share / total_share)))  # spread every stream over one second
-            parts.append(gen.generate(tmpl, n, flows=flows, vary=vary or None, start_ns=1_700_000_000 * 10**9 + k * 7,
-                                      interval_ns=interval))
+            start = 1_700_000_000 * 10**9 + k * 7 + (delay[0] if delay else 0)
+            parts.append(gen.generate(tmpl, n, flows=flows, vary=vary or None, start_ns=start, interval_ns=interval))
         path = os.path.join(in_dir, f"{port}.pcap")
         _concat_sorted(parts).write_pcap(path)
         files[port] = path
@@ -143,7 +182,8 @@ def run_demo(out_dir: str = "dpu-demo", packets: int = 200_000, as_json: bool = 
     st = dp.stats()
     if as_json:
         print(json.dumps({"replay": summary.as_dict(), "tables": st["tables"], "tenants": st["tenants"],
-                          "pmd": st["pmd"], "flows": len(dp.dump_flows())}, sort_keys=True))
+                          "pmd": st["pmd"], "conntrack": st["conntrack"], "flows": len(dp.dump_flows())},
+                         sort_keys=True))
         return 0
     print(f"dpu demo: {len(dp.dump_flows())} flows compiled from {topo_path} in {load_s * 1e3:.0f} ms; "
           f"{summary.packets_in:,} packets generated in {gen_s:.2f}s\n")
@@ -162,9 +202,18 @@ def run_demo(out_dir: str = "dpu-demo", packets: int = 200_000, as_json: bool = 
     rows = [[n, c["rx_packets"], c["tx_packets"], c["dropped"], ", ".join(f"{k} {v}" for k, v in sorted(c["drops"].items()))]
             for n, c in st["tenants"].items()]
     print(_table(rows, ["tenant", "in", "out", "dropped", "drops by reason"]))
+    ct = st["conntrack"]
+    print(f"\nConntrack: {ct['connections']:,} connections ({ct['bytes_per_connection']} bytes each), "
+          f"{ct['nat_mappings']:,} NAT mappings")
+    rows = [[n, z, ct["zones"].get(z, 0), t.connection_limit or "-"]
+            for n, t in dp.topology.topology.tenants.items() for z in [t.zone] if t.nat or t.connection_limit]
+    print(_table(rows, ["tenant", "zone", "connections", "limit"]))
+    for line in dp.conntrack()[:3]:
+        print(f"  {line}")
     p = st["pmd"]
     passes = max(p["passes"], 1)
-    print(f"\nCaches: {p['packets']:,} packets, {p['passes']:,} lookups ({p['recirculations']:,} after tunnel pop); "
+    print(f"\nCaches: {p['packets']:,} packets, {p['passes']:,} lookups ({p['recirculations']:,} after tunnel pop "
+          f"or conntrack); "
           f"EMC hits {p['emc_hits'] / passes:.1%}, megaflow hits {p['megaflow_hits'] / passes:.1%}, "
           f"upcalls {p['upcalls']}, megaflows {p['megaflows']}")
     print(f"Rate: {summary.packets_in:,} packets in {summary.seconds:.3f}s = {summary.mpps:.2f} Mpps "

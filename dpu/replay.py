@@ -27,6 +27,8 @@ class ReplaySummary:
     ports: Dict[str, dict] = field(default_factory=dict)
     drops: Dict[str, int] = field(default_factory=dict)
     outputs: Dict[str, str] = field(default_factory=dict)
+    tenants: Dict[str, dict] = field(default_factory=dict)    # per tenant, this replay's counts
+    conntrack: Dict[str, Any] = field(default_factory=dict)   # connections (total, per zone) afterwards
 
     @property
     def mpps(self) -> float:
@@ -42,6 +44,8 @@ class ReplaySummary:
             "outputs": self.outputs,
             "seconds": round(self.seconds, 6),
             "mpps": round(self.mpps, 3),
+            "tenants": self.tenants,
+            "conntrack": self.conntrack,
         }
 
     def to_json(self) -> str:
@@ -58,6 +62,14 @@ class ReplaySummary:
         )
         if self.drops:
             lines.append("drops by reason: " + ", ".join(f"{k} {v}" for k, v in sorted(self.drops.items())))
+        for name, c in self.tenants.items():
+            if c["rx_packets"] or c["dropped"]:
+                drops = ", ".join(f"{k} {v}" for k, v in sorted(c["drops"].items()))
+                lines.append(f"tenant {name}: in {c['rx_packets']}, out {c['tx_packets']}, dropped {c['dropped']}"
+                             + (f" ({drops})" if drops else ""))
+        if self.conntrack.get("connections"):
+            zones = ", ".join(f"zone {z}: {n}" for z, n in sorted(self.conntrack["zones"].items(), key=lambda kv: int(kv[0])))
+            lines.append(f"conntrack: {self.conntrack['connections']} connections ({zones})")
         return "\n".join(lines)
 
 
@@ -85,7 +97,8 @@ def replay(
     pairs = list(inputs.items()) if isinstance(inputs, dict) else [tuple(x) for x in inputs]
     resolved = [(dp.port_number(port), str(path)) for port, path in pairs]
     os.makedirs(out_dir, exist_ok=True)
-    before = dp.stats()["ports"]
+    stats0 = dp.stats()
+    before, tenants_before = stats0["ports"], stats0["tenants"]
     summary = ReplaySummary()
     t0 = time.perf_counter()
     r = dp._core.replayer(resolved, str(out_dir))
@@ -101,7 +114,11 @@ def replay(
     finally:
         summary.seconds = time.perf_counter() - t0
         r.close()
-    after = dp.stats()["ports"]
+    stats1 = dp.stats()
+    after = stats1["ports"]
+    summary.tenants = {name: _port_delta(c, tenants_before.get(name)) for name, c in stats1["tenants"].items()}
+    ct = stats1["conntrack"]
+    summary.conntrack = {"connections": ct["connections"], "zones": {str(z): n for z, n in ct["zones"].items()}}
     summary.outputs = {name: path for name, path in r.outputs()}
     for name, c in after.items():
         d = _port_delta(c, before.get(name))

@@ -65,12 +65,23 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   Conntrack& ct = dp_->conntrack();
   const int64_t now = ctw_->begin(batch_clock());
   const bool dry_run = trace_ != nullptr;
+  // The batch's chains are fetched before any is walked: every packet's
+  // chain head, then every chain's first connection, then the decisions.
+  const size_t n = ct_jobs_.size();
+  if (ct_prep_.size() < n) ct_prep_.resize(n);
+  for (size_t j = 0; j < n; j++) {
+    ct.prepare(ct_jobs_[j].p, *ct_jobs_[j].spec, &ct_prep_[j]);
+    if (ct_prep_[j].ok) ct.prefetch_head(ct_prep_[j].hash);
+  }
+  for (size_t j = 0; j < n; j++)
+    if (ct_prep_[j].ok) ct.prefetch_node(ct_prep_[j].hash);
   // A continuation may hand its packet to conntrack again: those jobs join
-  // this same stage.
+  // this same stage (prepared when they come up).
   for (size_t j = 0; j < ct_jobs_.size(); j++) {
     const CtJob job = ct_jobs_[j];
     CtResult r;
-    ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);
+    if (j < n) ct.execute(*ctw_, job.p, *job.spec, ct_prep_[j], now, dry_run, &r);
+    else ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);
     pmd.ct_packets++;
     if (trace_) trace_->conntrack(*job.spec, r);
     if (r.drop != DROP_NONE) {

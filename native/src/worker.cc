@@ -102,7 +102,11 @@ void Worker::process(Batch& in) {
     next.clear();
     for (size_t off = 0; off < cur.size(); off += kChunk)
       pass(cur.data() + off, static_cast<uint32_t>(std::min<size_t>(kChunk, cur.size() - off)), next, pass_no == 0);
-    if (!ct_jobs_.empty()) conntrack_stage(next);
+    if (!ct_jobs_.empty()) {
+      uint64_t t0 = profile_ ? cycles_now() : 0;
+      conntrack_stage(next);
+      if (profile_) pmd.cycles[STAGE_CONNTRACK] += cycles_now() - t0;
+    }
     if (!next.empty()) {
       recirculated_ = true;
       pmd.recirculations += next.size();

@@ -82,8 +82,10 @@ struct PortCounters : TrafficCounters {
 
 using TenantCounters = TrafficCounters;
 
-enum Stage : uint8_t { STAGE_PARSE, STAGE_EMC, STAGE_MEGAFLOW, STAGE_UPCALL, STAGE_EXECUTE, STAGE_TX, STAGE_COUNT };
-constexpr const char* kStageNames[STAGE_COUNT] = {"parse", "emc", "megaflow", "upcall", "execute", "tx"};
+enum Stage : uint8_t {
+  STAGE_PARSE, STAGE_EMC, STAGE_MEGAFLOW, STAGE_UPCALL, STAGE_EXECUTE, STAGE_TX, STAGE_CONNTRACK, STAGE_COUNT
+};
+constexpr const char* kStageNames[STAGE_COUNT] = {"parse", "emc", "megaflow", "upcall", "execute", "tx", "conntrack"};
 
 struct PmdCounters {
 #define DPU_WORKER_COUNTER(m, n, h) uint64_t m = 0;
@@ -193,6 +195,7 @@ class Worker {
   };
   std::vector<CtJob> ct_jobs_;
   std::vector<Flow> ct_keys_;
+  std::vector<CtPrep> ct_prep_;
   std::unique_ptr<CtWorker> ctw_;
   TraceRecorder* trace_ = nullptr;
   uint64_t max_ts_ = 0;                   // newest timestamp of the batch (the conntrack clock in a replay)

@@ -8,10 +8,13 @@
 #include <cstdio>
 #include <new>
 
+#include "dpu/mem.h"
+
 namespace dpu {
 
 namespace {
-constexpr uint32_t kChunkConns = 4096;
+constexpr size_t kChunkBytes = 2u << 20;  // one huge page of connections
+constexpr uint32_t kChunkConns = kChunkBytes / sizeof(Conn);
 constexpr size_t kQuotaSweep = 1024;  // extra expiry work before refusing a connection over a limit
 
 uint8_t nat_flags(uint8_t conn_nat, int dir) {
@@ -75,15 +78,26 @@ void Conntrack::ensure_table() {
   if (heads()) return;
   uint32_t n = 1024;
   while (n < max_conns_.load(std::memory_order_relaxed) && n < (1u << 30)) n <<= 1;
-  heads_mem_.reset(new std::atomic<CtNode*>[n]);
-  for (uint32_t i = 0; i < n; i++) heads_mem_[i].store(nullptr, std::memory_order_relaxed);
+  heads_mem_.reset(huge_alloc(static_cast<size_t>(n) * sizeof(std::atomic<CtNode*>)));
+  auto* h = static_cast<std::atomic<CtNode*>*>(heads_mem_.get());
+  for (uint32_t i = 0; i < n; i++) new (&h[i]) std::atomic<CtNode*>(nullptr);
   mask_ = n - 1;
-  heads_.store(heads_mem_.get(), std::memory_order_release);
+  heads_.store(h, std::memory_order_release);
 }
 
-void Conntrack::prefetch(uint32_t hash) const {
+void Conntrack::prefetch_head(uint32_t hash) const {
   std::atomic<CtNode*>* h = heads();
   if (h) __builtin_prefetch(&h[hash & mask_]);
+}
+
+void Conntrack::prefetch_node(uint32_t hash) const {
+  std::atomic<CtNode*>* h = heads();
+  if (!h) return;
+  CtNode* n = h[hash & mask_].load(std::memory_order_relaxed);
+  if (!n) return;
+  const char* c = reinterpret_cast<const char*>(Conn::of(n));
+  __builtin_prefetch(c);       // nodes, original key
+  __builtin_prefetch(c + 64);  // reply key, expiry
 }
 
 Conn* Conntrack::lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const {
@@ -220,8 +234,8 @@ void Conntrack::fill_result(const Conn* c, CtResult* r) const {
 
 Conn* Conntrack::alloc_chunk(std::vector<Conn*>* free_list) {
   std::lock_guard<std::mutex> g(table_mu_);
-  chunks_.emplace_back(new Conn[kChunkConns]);
-  Conn* base = chunks_.back().get();
+  chunks_.emplace_back(huge_alloc(kChunkBytes));
+  Conn* base = static_cast<Conn*>(chunks_.back().get());
   for (uint32_t i = kChunkConns; i-- > 1;) free_list->push_back(&base[i]);
   return &base[0];
 }
@@ -229,7 +243,7 @@ Conn* Conntrack::alloc_chunk(std::vector<Conn*>* free_list) {
 // Keys, NAT and protocol state of a connection for the packet `cp` (its
 // original direction). Without `dry_run` the SNAT port is taken for real.
 static bool build_conn(Conn* c, const CtPacket& cp, const NatRange& nat, bool dnat, uint32_t dnat_addr,
-                       uint16_t dnat_port, NatTable& table, bool dry_run, uint16_t* drop) {
+                       uint16_t dnat_port, NatTable& table, bool reachable, bool dry_run, uint16_t* drop) {
   c->key[0] = cp.key;
   c->key[1] = ct_key_reverse(cp.key);
   c->nat = 0;
@@ -237,7 +251,8 @@ static bool build_conn(Conn* c, const CtPacket& cp, const NatRange& nat, bool dn
   if (!cp.key.v6 && nat.type == kNatSrc) {
     uint32_t ea;
     uint16_t ep;
-    NatMapping* m = table.acquire(cp.key.zone, cp.key.proto, cp.key.src[0], cp.key.sport, nat, dry_run, &ea, &ep);
+    NatMapping* m =
+        table.acquire(cp.key.zone, cp.key.proto, cp.key.src[0], cp.key.sport, nat, reachable, dry_run, &ea, &ep);
     if (!m) {
       *drop = DROP_NAT_NO_PORT;
       return false;
@@ -260,30 +275,39 @@ static bool build_conn(Conn* c, const CtPacket& cp, const NatRange& nat, bool dn
   return true;
 }
 
+// A packet an earlier ct of this zone already translated carries its
+// connection's translated tuple: it is found by the reverse of it, in the
+// other direction, and not translated twice (as Open vSwitch).
+void Conntrack::prepare(Packet* p, const CtSpec& spec, CtPrep* pr) const {
+  pr->ok = ct_extract(p, spec.zone, &pr->cp);
+  if (!pr->ok) return;
+  pr->prev_nat = static_cast<uint8_t>(p->md.ct_state & (kCsSrcNat | kCsDstNat));
+  pr->natted = pr->prev_nat && p->md.ct_zone == spec.zone;
+  pr->key = pr->natted ? ct_key_reverse(pr->cp.key) : pr->cp.key;
+  pr->hash = ct_key_hash(pr->key);
+}
+
 void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r) {
+  CtPrep pr;
+  prepare(p, spec, &pr);
+  execute(w, p, spec, pr, now, dry_run, r);
+}
+
+void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, int64_t now, bool dry_run,
+                        CtResult* r) {
   *r = CtResult();
-  CtPacket cp;
-  if (!ct_extract(p, spec.zone, &cp)) {
+  if (!pr.ok) {
     r->state = kCsTracked | kCsInvalid;
     return;
   }
+  CtPacket& cp = pr.cp;
   r->before = cp.key;
   r->after = cp.key;
-  const uint32_t h = ct_key_hash(cp.key);
+  const bool natted = pr.natted;
+  const uint8_t prev_nat = pr.prev_nat;
   int dir = 0;
-  // A packet an earlier ct of this zone already translated carries its
-  // connection's translated tuple: found by the reverse of it, in the other
-  // direction, and not translated twice (as Open vSwitch).
-  const uint8_t prev_nat = static_cast<uint8_t>(p->md.ct_state & (kCsSrcNat | kCsDstNat));
-  const bool natted = prev_nat && p->md.ct_zone == spec.zone;
-  Conn* c;
-  if (natted) {
-    const CtKey rk = ct_key_reverse(cp.key);
-    c = lookup(rk, ct_key_hash(rk), now, &dir);
-    dir = 1 - dir;
-  } else {
-    c = lookup(cp.key, h, now, &dir);
-  }
+  Conn* c = lookup(pr.key, pr.hash, now, &dir);
+  if (natted) dir = 1 - dir;
 
   if (cp.icmp_error) {  // related to the connection it quotes, or invalid
     if (!c) {
@@ -376,7 +400,7 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now,
   if (dry_run) {
     Conn tmp;
     uint16_t drop = DROP_NONE;
-    if (!build_conn(&tmp, cp, range, dnat, dnat_addr, dnat_port, nat_, true, &drop)) {
+    if (!build_conn(&tmp, cp, range, dnat, dnat_addr, dnat_port, nat_, false, true, &drop)) {
       r->drop = drop;
       return;
     }
@@ -404,7 +428,8 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now,
     return;
   }
   c = w.alloc();
-  if (!build_conn(c, cp, range, dnat, dnat_addr, dnat_port, nat_, false, &drop)) {
+  const bool reachable = zones_[spec.zone].eif.load(std::memory_order_relaxed);
+  if (!build_conn(c, cp, range, dnat, dnat_addr, dnat_port, nat_, reachable, false, &drop)) {
     release(spec.zone);
     w.free_.push_back(c);
     r->drop = drop;

@@ -92,6 +92,18 @@ struct CtResult {
   CtKey before{}, after{};      // the packet's tuple before and after NAT
 };
 
+// A packet prepared for the stage (Conntrack::prepare): its tuple, the key it
+// is looked up by and that key's hash, so that a batch's chains can be
+// prefetched before any is walked.
+struct CtPrep {
+  CtPacket cp;
+  CtKey key;            // the lookup key: the tuple, or its reverse for a packet already translated
+  uint32_t hash = 0;
+  bool ok = false;      // conntrack can follow the packet (else +inv)
+  bool natted = false;  // an earlier ct of this zone translated it
+  uint8_t prev_nat = 0;
+};
+
 class Conntrack;
 
 // One worker's side of the table: its epoch slot, expiry wheel, connection
@@ -150,9 +162,14 @@ class Conntrack {
   std::unique_ptr<CtWorker> attach();
 
   // ---- the stage (worker, between CtWorker::begin and end) --------------------------------
+  // A batch goes through in steps so that memory latency overlaps: prepare
+  // every packet and prefetch its chain head, then prefetch the first node
+  // of every chain, then execute each.
+  void prepare(Packet* p, const CtSpec& spec, CtPrep* pr) const;
+  void prefetch_head(uint32_t hash) const;
+  void prefetch_node(uint32_t hash) const;
+  void execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, int64_t now, bool dry_run, CtResult* r);
   void execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r);
-  // Hint for the batch loop: the chain head a key lands in.
-  void prefetch(uint32_t hash) const;
 
   // ---- dumps and counters (any thread) ---------------------------------------------------
   struct Entry {
@@ -215,11 +232,14 @@ class Conntrack {
   void fill_result(const Conn* c, CtResult* r) const;
   Conn* alloc_chunk(std::vector<Conn*>* free_list);
 
+  struct FreeDelete {
+    void operator()(void* p) const { std::free(p); }
+  };
   std::atomic<std::atomic<CtNode*>*> heads_{nullptr};
-  std::unique_ptr<std::atomic<CtNode*>[]> heads_mem_;
+  std::unique_ptr<void, FreeDelete> heads_mem_;    // huge pages (dpu/mem.h)
   uint32_t mask_ = 0;
   std::mutex table_mu_;                            // first allocation, chunks
-  std::vector<std::unique_ptr<Conn[]>> chunks_;
+  std::vector<std::unique_ptr<void, FreeDelete>> chunks_;  // 2 MiB each, huge pages
   std::unique_ptr<Stripe[]> stripes_;
   std::unique_ptr<ZoneState[]> zones_;             // 65,536
   std::atomic<uint64_t> count_{0};

@@ -48,23 +48,31 @@ struct NatTable::PortBits {
 
 NatTable::NatTable() = default;
 
-NatTable::~NatTable() {
-  std::unordered_map<NatMapping*, bool> all;
-  for (auto& kv : by_int_) all[kv.second] = true;
-  for (auto& kv : by_ext_) all[kv.second] = true;
-  for (NatMapping* m : static_) all[m] = true;
-  for (auto& kv : all) delete kv.first;
+NatTable::~NatTable() = default;  // mappings live in chunks_, bitmaps in port_bits_
+
+uint64_t NatTable::IntKeyHash::operator()(const IntKey& k) const {
+  return mix128(k.a ^ 0x9e3779b97f4a7c15ull, k.b ^ 0xc2b2ae3d27d4eb4full);
 }
 
-size_t NatTable::IntKeyHash::operator()(const IntKey& k) const {
-  return static_cast<size_t>(mix128(k.a ^ 0x9e3779b97f4a7c15ull, k.b ^ 0xc2b2ae3d27d4eb4full));
-}
+uint64_t NatTable::U64Hash::operator()(uint64_t k) const { return mix128(k ^ 0x9e3779b97f4a7c15ull, 0xff51afd7ed558ccdull); }
 
 NatTable::IntKey NatTable::int_key(uint16_t zone, uint8_t proto, uint32_t addr, uint16_t port, uint64_t pool) {
   IntKey k;
   k.a = static_cast<uint64_t>(addr) << 32 | static_cast<uint64_t>(port) << 16 | zone;
   k.b = pool ^ (static_cast<uint64_t>(proto) << 56);
   return k;
+}
+
+NatMapping* NatTable::new_mapping() {
+  if (free_.empty()) {
+    constexpr size_t kChunk = 4096;
+    chunks_.emplace_back(new NatMapping[kChunk]);
+    for (size_t i = kChunk; i-- > 0;) free_.push_back(&chunks_.back()[i]);
+  }
+  NatMapping* m = free_.back();
+  free_.pop_back();
+  *m = NatMapping();
+  return m;
 }
 
 uint64_t NatTable::ext_key(uint8_t proto, uint32_t addr, uint16_t port) {
@@ -76,12 +84,14 @@ static uint64_t pool_id(const NatRange& r) {
 }
 
 NatTable::PortBits& NatTable::bits(uint8_t proto, uint32_t addr) {
-  auto& p = ports_[static_cast<uint64_t>(proto) << 32 | addr];
-  if (!p) {
-    p = std::make_unique<PortBits>();
-    p->set(0);  // port 0 is never handed out
-  }
-  return *p;
+  const uint64_t k = static_cast<uint64_t>(proto) << 32 | addr;
+  PortBits** p = ports_.find(k);
+  if (p) return **p;
+  port_bits_.push_back(std::make_unique<PortBits>());
+  PortBits* b = port_bits_.back().get();
+  b->set(0);  // port 0 is never handed out
+  ports_.put(k, b);
+  return *b;
 }
 
 // A free port in [lo, hi] of (proto, addr): `preferred` if free, else the
@@ -103,12 +113,12 @@ bool NatTable::take_port(uint8_t proto, uint32_t addr, uint16_t lo, uint16_t hi,
 }
 
 NatMapping* NatTable::acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r,
-                              bool dry_run, uint32_t* ext_addr, uint16_t* ext_port) {
+                              bool reachable, bool dry_run, uint32_t* ext_addr, uint16_t* ext_port) {
   const uint64_t pool = pool_id(r);
   std::lock_guard<std::mutex> g(mu_);
-  auto it = by_int_.find(int_key(zone, proto, int_addr, int_port, pool));
-  if (it != by_int_.end()) {
-    NatMapping* m = it->second;
+  NatMapping** found = by_int_.find(int_key(zone, proto, int_addr, int_port, pool));
+  if (found) {
+    NatMapping* m = *found;
     *ext_addr = m->ext_addr;
     *ext_port = m->ext_port;
     if (!dry_run) m->refs++;
@@ -137,7 +147,7 @@ NatMapping* NatTable::acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, u
   *ext_addr = be32(addr);
   *ext_port = be16(port);
   if (dry_run) return reinterpret_cast<NatMapping*>(this);  // non-null: would succeed
-  auto* m = new NatMapping;
+  NatMapping* m = new_mapping();
   m->zone = zone;
   m->proto = proto;
   m->int_addr = int_addr;
@@ -146,22 +156,28 @@ NatMapping* NatTable::acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, u
   m->ext_port = *ext_port;
   m->pool = pool;
   m->refs = 1;
-  by_int_[int_key(zone, proto, int_addr, int_port, pool)] = m;
-  by_ext_.emplace(ext_key(proto, m->ext_addr, m->ext_port), m);
+  by_int_.put(int_key(zone, proto, int_addr, int_port, pool), m);
+  // Only zones that filter endpoint-independently look mappings up by their
+  // public endpoint; the port bitmap alone says which ports are taken.
+  if (reachable) {
+    const uint64_t ek = ext_key(proto, m->ext_addr, m->ext_port);
+    if (!by_ext_.find(ek)) {
+      by_ext_.put(ek, m);
+      m->reachable = true;
+    }
+  }
   return m;
 }
 
 void NatTable::free_mapping(NatMapping* m) {
-  auto ik = int_key(m->zone, m->proto, m->int_addr, m->int_port, m->pool);
-  auto it = by_int_.find(ik);
-  if (it != by_int_.end() && it->second == m) by_int_.erase(it);
-  uint64_t ek = ext_key(m->proto, m->ext_addr, m->ext_port);
-  auto et = by_ext_.find(ek);
-  if (et != by_ext_.end() && et->second == m) {
-    by_ext_.erase(et);
-    bits(m->proto, m->ext_addr).clear(be16(m->ext_port));
-  }
-  delete m;
+  const IntKey ik = int_key(m->zone, m->proto, m->int_addr, m->int_port, m->pool);
+  NatMapping** mi = by_int_.find(ik);
+  if (mi && *mi == m) by_int_.erase(ik);
+  const uint64_t ek = ext_key(m->proto, m->ext_addr, m->ext_port);
+  NatMapping** me = by_ext_.find(ek);  // static mappings and reachable ones: a small table
+  if (me && *me == m) by_ext_.erase(ek);
+  if (!me || *me == m) bits(m->proto, m->ext_addr).clear(be16(m->ext_port));  // else a static mapping holds the port
+  free_.push_back(m);
 }
 
 void NatTable::release(NatMapping* m) {
@@ -172,9 +188,9 @@ void NatTable::release(NatMapping* m) {
 
 bool NatTable::find_ext(uint16_t zone, uint8_t proto, uint32_t ext_addr, uint16_t ext_port, NatMapping* out) {
   std::lock_guard<std::mutex> g(mu_);
-  auto it = by_ext_.find(ext_key(proto, ext_addr, ext_port));
-  if (it == by_ext_.end() || it->second->zone != zone) return false;
-  *out = *it->second;
+  NatMapping** m = by_ext_.find(ext_key(proto, ext_addr, ext_port));
+  if (!m || (*m)->zone != zone) return false;
+  *out = **m;
   return true;
 }
 
@@ -186,7 +202,7 @@ void NatTable::set_static(const std::vector<StaticMapping>& maps) {
   }
   static_.clear();
   for (const StaticMapping& s : maps) {
-    auto* m = new NatMapping;
+    NatMapping* m = new_mapping();
     m->zone = s.zone;
     m->proto = s.proto;
     m->int_addr = s.int_addr;
@@ -198,8 +214,8 @@ void NatTable::set_static(const std::vector<StaticMapping>& maps) {
     m->pool = pool_id(one);
     m->is_static = true;
     static_.push_back(m);
-    by_int_[int_key(m->zone, m->proto, m->int_addr, m->int_port, m->pool)] = m;
-    by_ext_[ext_key(m->proto, m->ext_addr, m->ext_port)] = m;  // shadows a dynamic one until it ends
+    by_int_.put(int_key(m->zone, m->proto, m->int_addr, m->int_port, m->pool), m);
+    by_ext_.put(ext_key(m->proto, m->ext_addr, m->ext_port), m);  // shadows a dynamic one until it ends
     bits(m->proto, m->ext_addr).set(be16(m->ext_port));
   }
 }

@@ -26,10 +26,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "dpu/rule.h"
+#include "flat_map.h"
 #include "dpu/status.h"
 
 namespace dpu {
@@ -44,6 +44,7 @@ struct NatMapping {
   uint64_t pool = 0;      // the range it was taken from
   uint32_t refs = 0;      // connections holding it
   bool is_static = false;
+  bool reachable = false; // indexed by its public endpoint (endpoint-independent filtering)
 };
 
 struct StaticMapping {
@@ -62,8 +63,10 @@ class NatTable {
   // endpoint, taking a reference on its mapping (created if needed), or
   // nullptr when the chosen public address has no free port. With dry_run
   // nothing is taken: *ext_* say what would be picked (trace).
+  // `reachable`: the zone filters endpoint-independently, so the mapping
+  // must be found by its public endpoint (find_ext) too.
   NatMapping* acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r,
-                      bool dry_run, uint32_t* ext_addr, uint16_t* ext_port);
+                      bool reachable, bool dry_run, uint32_t* ext_addr, uint16_t* ext_port);
   void release(NatMapping* m);
   // The mapping that owns a public endpoint (endpoint-independent filtering);
   // copied out under the lock.
@@ -78,23 +81,30 @@ class NatTable {
  private:
   struct PortBits;
   struct IntKey {
-    uint64_t a, b;
+    uint64_t a = 0, b = 0;
     bool operator==(const IntKey& o) const { return a == o.a && b == o.b; }
   };
   struct IntKeyHash {
-    size_t operator()(const IntKey& k) const;
+    uint64_t operator()(const IntKey& k) const;
+  };
+  struct U64Hash {
+    uint64_t operator()(uint64_t k) const;
   };
   static IntKey int_key(uint16_t zone, uint8_t proto, uint32_t addr, uint16_t port, uint64_t pool);
   static uint64_t ext_key(uint8_t proto, uint32_t addr, uint16_t port);
   PortBits& bits(uint8_t proto, uint32_t addr);  // addr network order
   bool take_port(uint8_t proto, uint32_t addr, uint16_t lo, uint16_t hi, uint16_t preferred, uint32_t start,
                  bool dry_run, uint16_t* out);
+  NatMapping* new_mapping();
   void free_mapping(NatMapping* m);
 
   std::mutex mu_;
-  std::unordered_map<IntKey, NatMapping*, IntKeyHash> by_int_;
-  std::unordered_map<uint64_t, NatMapping*> by_ext_;
-  std::unordered_map<uint64_t, std::unique_ptr<PortBits>> ports_;  // (proto, address) -> bitmap
+  FlatMap<IntKey, NatMapping*, IntKeyHash> by_int_;
+  FlatMap<uint64_t, NatMapping*, U64Hash> by_ext_;
+  FlatMap<uint64_t, PortBits*, U64Hash> ports_;      // (proto, address) -> bitmap
+  std::vector<std::unique_ptr<PortBits>> port_bits_;
+  std::vector<std::unique_ptr<NatMapping[]>> chunks_;
+  std::vector<NatMapping*> free_;
   std::vector<NatMapping*> static_;
   uint64_t rng_ = 0x2545f4914f6cdd1dull;
 };
