@@ -72,3 +72,20 @@ def five_tuple_hash(src_ip, dst_ip, proto, sport, dport):
     h ^= h >> 13
     h = (h * 0xC2B2AE35) & M
     return h ^ (h >> 16)
+
+
+# Internet gateway (examples/nat-gateway.yaml)
+INET_MAC, INET_NEXTHOP_MAC = "02:00:00:00:00:31", "02:00:00:00:00:32"
+BLUE_SNAT, BLUE_FLOATING, RED_SNAT = "203.0.113.10", "203.0.113.12", "203.0.113.20"
+SERVER = "198.51.100.1"       # somewhere on the internet
+OTHER_SERVER = "198.51.100.2"
+
+
+def from_internet(src, dst, l4):
+    """A packet arriving on the internet port from the next hop."""
+    return Ether(src=INET_NEXTHOP_MAC, dst=INET_MAC) / IP(src=src, dst=dst) / l4
+
+
+def from_vm(mac, ip_, dst, l4, ttl=64):
+    """A packet a VM sends to the internet through its anycast gateway."""
+    return Ether(src=mac, dst=GW_MAC) / IP(src=ip_, dst=dst, ttl=ttl) / l4
