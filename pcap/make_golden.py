@@ -16,18 +16,126 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from scapy.all import ARP, IP, TCP, UDP, Ether, ICMP, Raw, wrpcap  # noqa: E402
+from scapy.all import ARP, DNS, DNSQR, DNSRR, IP, TCP, UDP, Ether, ICMP, Raw, wrpcap  # noqa: E402
 from scapy.layers.vxlan import VXLAN  # noqa: E402
 
 TOPOLOGY = os.path.join(HERE, "..", "examples", "topology.yaml")
+NAT = os.path.join(HERE, "..", "examples", "nat-gateway.yaml")
 
-# case -> how to build the dataplane, input port, output port
+# case -> how to build the dataplane, input port(s), output port(s). A case
+# with one input and one output port is the pair <case>.in.pcap /
+# <case>.out.pcap; with several, each port has <case>.<port>.in.pcap /
+# <case>.<port>.out.pcap (the inputs interleaved by timestamp, as dpu replay does).
 CASES = {
     "l3-rewrite": {"flows": "l3-rewrite.flows", "ports": ["p1", "r1"], "in": "p1", "out": "r1"},
     "vxlan-encap": {"config": TOPOLOGY, "in": "vm1", "out": "p0"},
     "vxlan-decap": {"config": TOPOLOGY, "in": "p0", "out": "vm1"},
     "arp-suppression": {"config": TOPOLOGY, "in": "vm1", "out": "vm1"},
+    # the internet gateway of examples/nat-gateway.yaml
+    "nat-snat": {"config": NAT, "in": ["vm1", "vm2", "inet"], "out": ["inet", "vm1", "vm2"]},
+    "nat-dnat": {"config": NAT, "in": ["inet", "vm2"], "out": ["vm2", "inet"]},
+    "nat-hairpin": {"config": NAT, "in": ["vm1", "vm2"], "out": ["vm2", "vm1"]},
+    "nat-icmp-error": {"config": NAT, "in": ["vm1", "inet"], "out": ["inet", "vm1"]},
 }
+
+
+def ports_of(spec, key):
+    v = spec[key]
+    return v if isinstance(v, list) else [v]
+
+
+def in_file(case, port):
+    spec = CASES[case]
+    return os.path.join(HERE, f"{case}.in.pcap" if not isinstance(spec["in"], list) else f"{case}.{port}.in.pcap")
+
+
+def out_file(case, port):
+    spec = CASES[case]
+    return os.path.join(HERE, f"{case}.out.pcap" if not isinstance(spec["out"], list) else f"{case}.{port}.out.pcap")
+
+
+INET_MAC, NEXTHOP = "02:00:00:00:00:31", "02:00:00:00:00:32"
+GW = "02:00:00:00:01:01"
+VM1 = ("02:00:00:00:01:11", "10.0.0.11")
+VM2 = ("02:00:00:00:01:12", "10.0.1.12")
+
+
+def _from_vm(vm, dst, l4, ttl=64):
+    return Ether(src=vm[0], dst=GW) / IP(src=vm[1], dst=dst, ttl=ttl) / l4
+
+
+def _from_inet(src, dst, l4):
+    return Ether(src=NEXTHOP, dst=INET_MAC) / IP(src=src, dst=dst) / l4
+
+
+def nat_traffic(case, rng):
+    """(port, packet) in time order; each answer comes after what it answers."""
+    seq = []
+    if case == "nat-snat":
+        for i in range(12):
+            vm = VM1 if i % 3 else VM2  # vm2 leaves through its floating address 203.0.113.12
+            server = "198.51.100.%d" % (1 + i % 4)
+            pub = "203.0.113.10" if vm is VM1 else "203.0.113.12"
+            port = "vm1" if vm is VM1 else "vm2"
+            sport = 40000 + i
+            kind = i % 3
+            if kind == 0:
+                seq.append((port, _from_vm(vm, server, TCP(sport=sport, dport=443, flags="S", seq=1000 + i))))
+                seq.append(("inet", _from_inet(server, pub, TCP(sport=443, dport=sport, flags="SA", seq=7000, ack=1001 + i))))
+                seq.append((port, _from_vm(vm, server, TCP(sport=sport, dport=443, flags="A", seq=1001 + i, ack=7001))))
+            elif kind == 1:
+                q = DNS(id=i, rd=1, qd=DNSQR(qname=f"host{i}.example.com"))
+                seq.append((port, _from_vm(vm, server, UDP(sport=sport, dport=53) / q)))
+                a = DNS(id=i, qr=1, rd=1, ra=1, qd=DNSQR(qname=f"host{i}.example.com"),
+                        an=DNSRR(rrname=f"host{i}.example.com", rdata="198.51.100.%d" % (100 + i)))
+                seq.append(("inet", _from_inet(server, pub, UDP(sport=53, dport=sport) / a)))
+            else:
+                seq.append((port, _from_vm(vm, server, ICMP(type=8, id=sport, seq=1) / Raw(b"ping"))))
+                seq.append(("inet", _from_inet(server, pub, ICMP(type=0, id=sport, seq=1) / Raw(b"ping"))))
+    elif case == "nat-dnat":
+        for i in range(10):
+            client = "198.51.100.%d" % (20 + i)
+            if i % 2:  # the floating address: every port
+                l4 = TCP(sport=50000 + i, dport=22, flags="S")
+                seq.append(("inet", _from_inet(client, "203.0.113.12", l4)))
+                seq.append(("vm2", _from_vm(VM2, client, TCP(sport=22, dport=50000 + i, flags="SA", ack=1))))
+            else:  # the forward 203.0.113.10:8080 -> 10.0.1.12:80
+                l4 = TCP(sport=51000 + i, dport=8080, flags="S")
+                seq.append(("inet", _from_inet(client, "203.0.113.10", l4)))
+                seq.append(("vm2", _from_vm(VM2, client, TCP(sport=80, dport=51000 + i, flags="SA", ack=1))))
+        seq.append(("inet", _from_inet("198.51.100.99", "203.0.113.10", UDP(sport=1, dport=9999))))  # unsolicited
+    elif case == "nat-hairpin":
+        for i in range(6):
+            if i % 2:
+                seq.append(("vm1", _from_vm(VM1, "203.0.113.12", UDP(sport=7000 + i, dport=7) / Raw(b"hairpin"))))
+                seq.append(("vm2", _from_vm(VM2, "203.0.113.10", UDP(sport=7, dport=7000 + i) / Raw(b"hairpin"))))
+            else:
+                seq.append(("vm1", _from_vm(VM1, "203.0.113.10", TCP(sport=41000 + i, dport=8080, flags="S"))))
+                seq.append(("vm2", _from_vm(VM2, "203.0.113.10", TCP(sport=80, dport=41000 + i, flags="SA", ack=1))))
+    elif case == "nat-icmp-error":
+        for i in range(8):
+            server = "198.51.100.%d" % (30 + i)
+            l4 = UDP(sport=33000 + i, dport=33434 + i) / Raw(b"trace") if i % 2 else TCP(sport=42000 + i, dport=80, flags="S", seq=5)
+            out = _from_vm(VM1, server, l4)
+            seq.append(("vm1", out))
+            # what the internet sees of it: the SNAT'ed packet (source port kept)
+            seen = IP(src="203.0.113.10", dst=server, ttl=63) / l4
+            icmp = [ICMP(type=3, code=3), ICMP(type=11, code=0), ICMP(type=3, code=4, nexthopmtu=1400),
+                    ICMP(type=3, code=1)][i % 4]
+            seq.append(("inet", _from_inet("198.51.100.254", "203.0.113.10", icmp / seen)))
+    return seq
+
+
+def write_inputs(case, rng):
+    spec = CASES[case]
+    seq = nat_traffic(case, rng)
+    per_port = {p: [] for p in ports_of(spec, "in")}
+    for i, (port, p) in enumerate(seq):
+        p = Ether(bytes(p))
+        p.time = 1_700_000_000 + i * 0.001
+        per_port[port].append(p)
+    for port, pkts in per_port.items():
+        wrpcap(in_file(case, port), pkts)
 
 
 def traffic(case, rng):
@@ -67,15 +175,18 @@ def build_dataplane(spec):
 
 def make(case):
     spec = CASES[case]
-    src = os.path.join(HERE, f"{case}.in.pcap")
-    wrpcap(src, traffic(case, random.Random(case)))
+    if isinstance(spec["in"], list):
+        write_inputs(case, random.Random(case))
+    else:
+        wrpcap(in_file(case, spec["in"]), traffic(case, random.Random(case)))
     out_dir = tempfile.mkdtemp()
     try:
-        build_dataplane(spec).replay({spec["in"]: src}, out_dir)
-        shutil.copy(os.path.join(out_dir, f"{spec['out']}.pcap"), os.path.join(HERE, f"{case}.out.pcap"))
+        build_dataplane(spec).replay({p: in_file(case, p) for p in ports_of(spec, "in")}, out_dir)
+        for p in ports_of(spec, "out"):
+            shutil.copy(os.path.join(out_dir, f"{p}.pcap"), out_file(case, p))
     finally:
         shutil.rmtree(out_dir)
-    print(f"{case}: {src} -> {case}.out.pcap")
+    print(f"{case}: " + ", ".join(os.path.basename(out_file(case, p)) for p in ports_of(spec, "out")))
 
 
 if __name__ == "__main__":

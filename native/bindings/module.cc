@@ -260,7 +260,9 @@ py::list ct_dump(Dataplane& dp, int zone) {
   std::vector<Conntrack::Entry> v;
   {
     py::gil_scoped_release nogil;
-    dp.conntrack().dump(zone, &v);
+    const int64_t now = dp.conntrack().now(dp.now_ns());
+    dp.conntrack().expire(now, 1u << 16);
+    dp.conntrack().dump(zone, now, &v);
   }
   py::list l;
   for (const auto& e : v) {
@@ -284,6 +286,10 @@ py::list ct_dump(Dataplane& dp, int zone) {
 
 py::dict ct_stats(Dataplane& dp) {
   Conntrack& ct = dp.conntrack();
+  {
+    py::gil_scoped_release nogil;
+    ct.expire(ct.now(dp.now_ns()), 1u << 16);
+  }
   py::dict d;
   d["connections"] = ct.count();
   std::vector<std::pair<uint16_t, uint32_t>> zones;

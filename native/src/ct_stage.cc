@@ -28,12 +28,6 @@ void Worker::ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpA
   ct_jobs_.push_back(CtJob{p, a.ct, rest, static_cast<uint32_t>(n_rest), k});
 }
 
-// The conntrack clock for this batch: the newest packet timestamp (a replay
-// follows its capture's time), else the monotonic clock.
-int64_t Worker::batch_clock() const {
-  return max_ts_ ? static_cast<int64_t>(max_ts_) : dp_->now_ns();
-}
-
 static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
   PacketMeta& md = p->md;
   md.ct_state = r.state;
@@ -63,7 +57,10 @@ static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
 
 void Worker::conntrack_stage(std::vector<Packet*>& next) {
   Conntrack& ct = dp_->conntrack();
-  const int64_t now = ctw_->begin(batch_clock());
+  ctw_->begin();
+  // The conntrack clock: monotonic, or the batch's newest packet timestamp
+  // when that is ahead (a replay follows its capture's time).
+  const int64_t now = ct.now(dp_->now_ns(), static_cast<int64_t>(max_ts_));
   const bool dry_run = trace_ != nullptr;
   // The batch's chains are fetched before any is walked: every packet's
   // chain head, then every chain's first connection, then the decisions.

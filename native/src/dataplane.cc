@@ -65,6 +65,7 @@ class Dataplane::TxnPorts : public PortNames {
 };
 
 Dataplane::Dataplane(size_t n_workers) {
+  ct_.set_origin(now_ns());
   for (size_t i = 0; i < std::max<size_t>(n_workers, 1); i++) workers_.push_back(std::make_unique<Worker>(this, 8192));
 }
 Dataplane::~Dataplane() = default;

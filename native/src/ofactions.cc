@@ -500,11 +500,16 @@ Status parse_ct(const Item& it, const ActCtx& c, OfAction* a) {
       inner.ct_exec = true;
       s = parse_action_list_ctx(x.value, x.value_pos, inner, &ct->exec, nullptr);
       if (!s.ok()) return s;
+      std::vector<Item> exec_items;
+      split_items(x.value, x.value_pos, &exec_items);
       for (const OfAction& e : ct->exec) {
         bool ok = (e.type == OfAct::SET_FIELD || e.type == OfAct::LOAD) &&
                   (e.field == FieldId::CT_MARK || e.field == FieldId::CT_LABEL);
-        if (!ok)
-          return err_at(Err::PARSE, "ct exec() takes only set_field or load to ct_mark or ct_label", x.whole, e.pos);
+        if (ok) continue;
+        std::string_view tok = x.whole;
+        for (const Item& ei : exec_items)
+          if (ei.pos == e.pos) tok = ei.whole;
+        return err_at(Err::PARSE, "ct exec() takes only set_field or load to ct_mark or ct_label", tok, e.pos);
       }
     } else if (x.key == "alg") {
       return err_at(Err::PARSE, "ct alg= (FTP/TFTP helpers) is not supported by dpu", x.whole, x.pos);

@@ -27,10 +27,12 @@ namespace dpu {
 
 struct FrozenState {
   uint8_t table = 0;
+  uint32_t in_port = 0;  // as the pipeline saw it (resubmit(port,table) may have changed it)
   uint64_t metadata = 0;
   uint32_t regs[8] = {};
   bool operator==(const FrozenState& o) const {
-    return table == o.table && metadata == o.metadata && std::memcmp(regs, o.regs, sizeof regs) == 0;
+    return table == o.table && in_port == o.in_port && metadata == o.metadata &&
+           std::memcmp(regs, o.regs, sizeof regs) == 0;
   }
 };
 
@@ -68,7 +70,7 @@ class RecircTable {
  private:
   struct Hash {
     size_t operator()(const FrozenState& s) const {
-      uint64_t h = s.table ^ (s.metadata * 0x9e3779b97f4a7c15ull);
+      uint64_t h = s.table ^ (static_cast<uint64_t>(s.in_port) << 8) ^ (s.metadata * 0x9e3779b97f4a7c15ull);
       for (uint32_t r : s.regs) h = (h ^ r) * 0xc2b2ae3d27d4eb4full;
       return static_cast<size_t>(h ^ (h >> 29));
     }

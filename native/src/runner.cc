@@ -75,7 +75,10 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
     // One batch at a time under the worker's lock: a commit waits at most a batch.
     std::lock_guard<std::mutex> g(w.mu);
     b.clear();
-    while (i < n && !b.full()) {
+    // A batch holds packets of one input port, as a receive burst does: a
+    // packet arriving on another port waits for the next batch, so it sees
+    // every connection the ones before it committed.
+    while (i < n && !b.full() && (b.count == 0 || ports[i] == b.pkts[0]->md.in_port)) {
       if (lens[i] > Packet::capacity()) {
         count_oversize(w, ports[i], lens[i]);
         i++;
@@ -220,6 +223,7 @@ bool Replayer::run(uint64_t max_packets, Status* st) {
         for (Input& in : inputs_)
           if (in.has_head && (!best || in.head.ts_ns < best->head.ts_ns)) best = &in;
         if (!best) break;
+        if (b.count && best->port != b.pkts[0]->md.in_port) break;  // one input port per batch (process_buffers)
         const PcapRecord& r = best->head;
         if (r.caplen > Packet::capacity()) {
           count_oversize(w, best->port, r.caplen);

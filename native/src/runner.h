@@ -3,8 +3,10 @@
 //
 // Each one fills batches from its source into worker 0's pool, runs
 // Worker::process under the worker's mutex (one batch at a time, so table
-// commits interleave between batches), and hands outputs to a PortSink. All of
-// them are called from the bindings with the GIL released.
+// commits interleave between batches), and hands outputs to a PortSink. A
+// batch holds packets of one input port, as a receive burst does, so a packet
+// sees all the conntrack state that packets before it created. All of them
+// are called from the bindings with the GIL released.
 #pragma once
 
 #include <memory>

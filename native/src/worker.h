@@ -151,7 +151,6 @@ class Worker {
   // conntrack (ct_stage.cc)
   void ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpAction* rest, size_t n_rest);
   void conntrack_stage(std::vector<Packet*>& next);
-  int64_t batch_clock() const;
   void drop(Packet* p, uint16_t reason);
   Packet* copy(Packet* p);
   void flush_tx(bool sort);

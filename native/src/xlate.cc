@@ -66,6 +66,7 @@ void XlateCtx::resume() {
   }
   flow_.metadata = fs.metadata;
   std::memcpy(flow_.regs, fs.regs, sizeof fs.regs);
+  flow_.in_port = fs.in_port;  // as the pipeline saw it at the ct action (as OVS freezes it)
   event(TraceEvent::NOTE, "resume after conntrack in table " + std::to_string(fs.table) + " (recirc_id=" +
                               std::to_string(flow_.recirc_id) + ")");
   do_table(fs.table);

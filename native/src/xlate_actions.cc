@@ -242,6 +242,7 @@ void XlateCtx::xlate_ct(const OfAction& a) {
   if (ct.table >= 0) {
     FrozenState fs;
     fs.table = static_cast<uint8_t>(ct.table);
+    fs.in_port = flow_.in_port;
     fs.metadata = flow_.metadata;
     std::memcpy(fs.regs, flow_.regs, sizeof fs.regs);
     spec->recirc_id = env_.recirc ? env_.recirc->freeze(fs) : 0;

@@ -45,14 +45,14 @@ CtConfig Conntrack::config() const {
 }
 
 void Conntrack::set_zones(const std::vector<std::pair<uint16_t, CtZoneCfg>>& zones) {
+  std::vector<bool> eif(65536, false);
+  for (const auto& kv : zones) eif[kv.first] = kv.second.eif;
   for (uint32_t z = 0; z < 65536; z++) {
     zones_[z].limit.store(0, std::memory_order_relaxed);
-    zones_[z].eif.store(false, std::memory_order_relaxed);
+    if (eif[z] && !zones_[z].eif.load(std::memory_order_relaxed)) nat_.make_reachable(static_cast<uint16_t>(z));
+    zones_[z].eif.store(eif[z], std::memory_order_relaxed);
   }
-  for (const auto& kv : zones) {
-    zones_[kv.first].limit.store(kv.second.limit, std::memory_order_relaxed);
-    zones_[kv.first].eif.store(kv.second.eif, std::memory_order_relaxed);
-  }
+  for (const auto& kv : zones) zones_[kv.first].limit.store(kv.second.limit, std::memory_order_relaxed);
 }
 
 std::unique_ptr<CtWorker> Conntrack::attach() {
@@ -63,11 +63,26 @@ std::unique_ptr<CtWorker> Conntrack::attach() {
   return w;
 }
 
-int64_t Conntrack::advance_clock(int64_t t) {
+int64_t Conntrack::now(int64_t mono, int64_t packet_ts) {
+  const int64_t rel = mono - origin_;
+  int64_t off = offset_.load(std::memory_order_relaxed);
+  while (packet_ts > rel + off && !offset_.compare_exchange_weak(off, packet_ts - rel, std::memory_order_relaxed)) {
+  }
+  off = offset_.load(std::memory_order_relaxed);
+  const int64_t t = rel + off;
   int64_t cur = clock_.load(std::memory_order_relaxed);
   while (t > cur && !clock_.compare_exchange_weak(cur, t, std::memory_order_relaxed)) {
   }
   return std::max(t, cur);
+}
+
+void Conntrack::sweep_others(const CtWorker* self, int64_t now, size_t budget) {
+  std::lock_guard<std::mutex> g(workers_mu_);
+  for (CtWorker* w : workers_) {
+    if (w == self || !w->try_lock()) continue;
+    w->sweep_locked(now, budget);
+    w->unlock();
+  }
 }
 
 // ---- the table -------------------------------------------------------------------------------
@@ -279,6 +294,9 @@ static bool build_conn(Conn* c, const CtPacket& cp, const NatRange& nat, bool dn
 // connection's translated tuple: it is found by the reverse of it, in the
 // other direction, and not translated twice (as Open vSwitch).
 void Conntrack::prepare(Packet* p, const CtSpec& spec, CtPrep* pr) const {
+  pr->cp = CtPacket();  // the slot is reused batch after batch: nothing of the last packet may stay
+  pr->natted = false;
+  pr->prev_nat = 0;
   pr->ok = ct_extract(p, spec.zone, &pr->cp);
   if (!pr->ok) return;
   pr->prev_nat = static_cast<uint8_t>(p->md.ct_state & (kCsSrcNat | kCsDstNat));
@@ -381,9 +399,11 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
   // Endpoint-independent filtering: a packet to a mapped public endpoint of
   // the zone reaches its internal endpoint, whoever sends it.
   NatMapping eif_map;
-  const bool eif = spec.nat && !cp.key.v6 && zones_[spec.zone].eif.load(std::memory_order_relaxed) &&
-                   nat_.find_ext(spec.zone, cp.key.proto, cp.key.dst[0],
-                                 (cp.key.proto == kIpIcmp) ? cp.key.sport : cp.key.dport, &eif_map);
+  NatMapping* eif_ref = nullptr;  // the reference the new connection will hold
+  if (spec.nat && !cp.key.v6 && zones_[spec.zone].eif.load(std::memory_order_relaxed))
+    eif_ref = nat_.find_ext(spec.zone, cp.key.proto, cp.key.dst[0],
+                            (cp.key.proto == kIpIcmp) ? cp.key.sport : cp.key.dport, dry_run, &eif_map);
+  const bool eif = eif_ref != nullptr;
   if (!spec.commit && !eif) {  // tracked, not remembered: the tuple is the packet's own
     r->have_tuple = true;
     r->orig = cp.key;
@@ -393,8 +413,9 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
   uint32_t dnat_addr = eif_map.int_addr;
   uint16_t dnat_port = eif_map.int_port;
   const bool dnat = eif || (!cp.key.v6 && range.type == kNatDst);
-  if (!eif && dnat) NatTable::pick_dst(range, cp.key.src[0], cp.key.proto == kIpIcmp ? cp.key.sport : cp.key.dport,
-                                       &dnat_addr, &dnat_port);
+  if (!eif && dnat)
+    NatTable::pick_dst(range, cp.key.src[0], cp.key.sport, cp.key.proto == kIpIcmp ? cp.key.sport : cp.key.dport,
+                       &dnat_addr, &dnat_port);
   if (!eif && dnat && cp.key.proto == kIpIcmp) dnat_port = cp.key.sport;  // DNAT keeps an echo identifier
 
   if (dry_run) {
@@ -419,29 +440,42 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
   }
 
   uint16_t drop = admit(spec.zone);
-  if (drop != DROP_NONE) {  // over a limit: let expiry catch up once, then refuse
+  if (drop != DROP_NONE) {  // over a limit: let every worker's expiry catch up once, then refuse
     w.sweep(now, kQuotaSweep);
+    sweep_others(&w, now, kQuotaSweep);
     drop = admit(spec.zone);
   }
   if (drop != DROP_NONE) {
+    if (eif_ref) nat_.release(eif_ref);
     r->drop = drop;
     return;
   }
   c = w.alloc();
   const bool reachable = zones_[spec.zone].eif.load(std::memory_order_relaxed);
-  if (!build_conn(c, cp, range, dnat, dnat_addr, dnat_port, nat_, reachable, false, &drop)) {
+  bool built = build_conn(c, cp, range, dnat, dnat_addr, dnat_port, nat_, reachable, false, &drop);
+  if (!built && drop == DROP_NAT_NO_PORT) {  // ports of expired connections may be waiting to be freed
+    w.sweep(now, kQuotaSweep);
+    sweep_others(&w, now, kQuotaSweep);
+    built = build_conn(c, cp, range, dnat, dnat_addr, dnat_port, nat_, reachable, false, &drop);
+  }
+  if (!built) {
     release(spec.zone);
+    w.lock();
     w.free_.push_back(c);
+    w.unlock();
     r->drop = drop;
     return;
   }
+  if (eif_ref) c->mapping = eif_ref;
   refresh(c, now);
   c->owner = static_cast<uint8_t>(w.slot_);
   Conn* existing;
   if (!insert(c, now, &existing)) {
     release(spec.zone);
     if (c->mapping) nat_.release(c->mapping);
+    w.lock();
     w.free_.push_back(c);
+    w.unlock();
     if (existing) {  // another worker committed the same connection a moment ago
       execute(w, p, spec, now, dry_run, r);
       return;
@@ -464,10 +498,9 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
 
 // ---- dumps -------------------------------------------------------------------------------------
 
-void Conntrack::dump(int zone, std::vector<Entry>* out) {
+void Conntrack::dump(int zone, int64_t now, std::vector<Entry>* out) {
   std::atomic<CtNode*>* hs = heads();
   if (!hs) return;
-  const int64_t now = clock();
   for (uint32_t b = 0; b <= mask_; b++) {
     if (!hs[b].load(std::memory_order_relaxed)) continue;
     Stripe& s = stripes_[b & (kStripes - 1)];
@@ -569,22 +602,23 @@ size_t Conntrack::bytes_per_conn() const {
 CtWorker::CtWorker(Conntrack* ct, int slot) : ct_(ct), slot_(slot), wheel_(new Conn*[kWheelSlots]()) {}
 
 CtWorker::~CtWorker() {
-  // Connections this worker owns leave the table with it.
-  for (int i = 0; i < kWheelSlots; i++)
-    for (Conn* c = wheel_[i]; c; c = c->wheel_next) ct_->remove(c);
   {
     std::lock_guard<std::mutex> g(ct_->workers_mu_);
     auto& ws = ct_->workers_;
     ws.erase(std::remove(ws.begin(), ws.end(), this), ws.end());
   }
+  // Connections this worker owns leave the table with it.
+  lock();
+  for (int i = 0; i < kWheelSlots; i++)
+    for (Conn* c = wheel_[i]; c; c = c->wheel_next) ct_->remove(c);
+  unlock();
   ct_->epoch_.release(slot_);
 }
 
-int64_t CtWorker::begin(int64_t now_hint) {
+void CtWorker::begin() {
   ct_->epoch_.enter(slot_);
   in_read_ = true;
   ct_->ensure_table();
-  return ct_->advance_clock(now_hint);
 }
 
 void CtWorker::end() {
@@ -594,20 +628,21 @@ void CtWorker::end() {
 
 Conn* CtWorker::alloc() {
   Conn* c;
-  if (free_.empty()) {
-    reclaim();
-  }
+  lock();
+  if (free_.empty()) reclaim();
   if (free_.empty()) {
     c = ct_->alloc_chunk(&free_);
   } else {
     c = free_.back();
     free_.pop_back();
   }
+  unlock();
   new (c) Conn();
   return c;
 }
 
 void CtWorker::file(Conn* c, int64_t now) {
+  lock();
   int64_t now_tick = now >> kTickShift;
   if (cursor_ < 0) cursor_ = now_tick;
   int64_t tick = c->expires.load(std::memory_order_relaxed) >> kTickShift;
@@ -617,6 +652,7 @@ void CtWorker::file(Conn* c, int64_t now) {
   c->wheel_next = head;
   head = c;
   filed_++;
+  unlock();
 }
 
 void CtWorker::reclaim() {
@@ -628,10 +664,31 @@ void CtWorker::reclaim() {
 }
 
 void CtWorker::sweep(int64_t now, size_t budget) {
+  lock();
+  sweep_locked(now, budget);
+  unlock();
+}
+
+void CtWorker::sweep_locked(int64_t now, size_t budget) {
   reclaim();
   if (cursor_ < 0) return;
   const int64_t now_tick = now >> kTickShift;
-  while (budget && cursor_ <= now_tick) {
+  if (filed_ == 0) {  // nothing to expire: the cursor just follows the clock
+    cursor_ = std::max(cursor_, now_tick);
+    return;
+  }
+  // After a jump of more than the wheel's span every slot is due: visit each
+  // once, then go on from the present.
+  int64_t end_tick = now_tick;
+  const bool wrapped = now_tick - cursor_ >= kWheelSlots;
+  if (wrapped) end_tick = cursor_ + kWheelSlots - 1;
+  size_t empty_budget = 4 * kWheelSlots;  // empty slots cost little but are bounded too
+  while (budget && cursor_ <= end_tick && empty_budget) {
+    if (!wheel_[cursor_ & (kWheelSlots - 1)]) {
+      cursor_++;
+      empty_budget--;
+      continue;
+    }
     Conn*& head = wheel_[cursor_ & (kWheelSlots - 1)];
     Conn* refile = nullptr;  // connections still alive go one tick on at least
     while (head && budget) {
@@ -661,6 +718,7 @@ void CtWorker::sweep(int64_t now, size_t budget) {
     }
     if (!done) break;
   }
+  if (wrapped && cursor_ > end_tick) cursor_ = now_tick;
 }
 
 }  // namespace dpu

@@ -27,9 +27,11 @@
 // lookups treat a connection past its expiry as gone even before the wheel
 // reaches it, so timeouts are exact whenever the sweep runs.
 //
-// Time: the conntrack clock is the newest time any worker has seen: packet
-// timestamps in a replay (hours of capture replay their timeouts faithfully),
-// the monotonic clock (plus warp) otherwise.
+// Time: the conntrack clock runs with the monotonic clock (plus warp) from
+// the dataplane's creation, and jumps ahead to a packet's timestamp when the
+// packet is newer (a replay: hours of capture replay their timeouts
+// faithfully, and time goes on from the last packet afterwards). It never
+// goes back.
 //
 // Limits: a global connection limit and per-zone limits (tenant quotas),
 // checked when a connection is committed; a packet over either is dropped
@@ -115,11 +117,13 @@ class CtWorker {
   CtWorker(const CtWorker&) = delete;
   CtWorker& operator=(const CtWorker&) = delete;
 
-  // Around a batch's conntrack stage: returns the conntrack clock for it.
-  int64_t begin(int64_t now_hint);
+  // Around a batch's conntrack stage.
+  void begin();
   void end();
   // Expiry: at most `budget` connections of this worker's wheel are looked
-  // at; freed memory is reclaimed once no reader can hold it.
+  // at; freed memory is reclaimed once no reader can hold it. Another worker
+  // may sweep this wheel too (at a quota), so the wheel, the free list and
+  // the retired list are under a spinlock.
   void sweep(int64_t now, size_t budget);
   int slot() const { return slot_; }
 
@@ -134,6 +138,13 @@ class CtWorker {
   Conn* alloc();
   void file(Conn* c, int64_t now);
   void reclaim();
+  void sweep_locked(int64_t now, size_t budget);
+  void lock() {
+    while (lock_.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
+  }
+  bool try_lock() { return !lock_.exchange(1, std::memory_order_acquire); }
+  void unlock() { lock_.store(0, std::memory_order_release); }
+  std::atomic<uint8_t> lock_{0};
 
   Conntrack* ct_;
   int slot_;
@@ -180,7 +191,7 @@ class Conntrack {
     int64_t expires_in_ns;
     uint8_t nat;
   };
-  void dump(int zone, std::vector<Entry>* out);  // zone -1: all; sorted by zone, protocol, tuple
+  void dump(int zone, int64_t now, std::vector<Entry>* out);  // zone -1: all; sorted by zone, protocol, tuple
   // One entry in the shape of `ovs-appctl dpctl/dump-conntrack`:
   // tcp,orig=(src=..,dst=..,sport=..,dport=..),reply=(..),zone=N,mark=M,protoinfo=(state=..)
   static std::string format(const Entry& e);
@@ -189,8 +200,13 @@ class Conntrack {
   void zone_counts(std::vector<std::pair<uint16_t, uint32_t>>* out) const;
   size_t bytes_per_conn() const;
   size_t table_bytes() const;
-  int64_t clock() const { return clock_.load(std::memory_order_relaxed); }
-  int64_t advance_clock(int64_t t);
+  // The conntrack clock at monotonic time `mono` (the dataplane's clock,
+  // ns), taking the newest packet timestamp of a batch into account (0: none).
+  int64_t now(int64_t mono, int64_t packet_ts = 0);
+  // Expiry from outside the workers (dumps, counters): a bounded slice of
+  // every worker's wheel that is not busy.
+  void expire(int64_t now, size_t budget) { sweep_others(nullptr, now, budget); }
+  void set_origin(int64_t mono) { origin_ = mono; }
 
  private:
   friend class CtWorker;
@@ -230,6 +246,7 @@ class Conntrack {
   Conn* create(CtWorker& w, const CtPacket& cp, const CtSpec& spec, const NatRange& nat, bool eif_target,
                uint32_t dnat_addr, uint16_t dnat_port, int64_t now, uint16_t* drop);
   void fill_result(const Conn* c, CtResult* r) const;
+  void sweep_others(const CtWorker* self, int64_t now, size_t budget);
   Conn* alloc_chunk(std::vector<Conn*>* free_list);
 
   struct FreeDelete {
@@ -246,6 +263,8 @@ class Conntrack {
   std::atomic<uint32_t> max_conns_;
   std::atomic<int64_t> timeout_ns_[TM_COUNT];
   std::atomic<int64_t> clock_{0};
+  std::atomic<int64_t> offset_{0};  // packet time minus monotonic time, once a packet led
+  int64_t origin_ = 0;
   Epoch epoch_;
   NatTable nat_;
   std::mutex workers_mu_;

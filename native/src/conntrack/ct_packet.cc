@@ -144,6 +144,8 @@ bool ct_extract(Packet* p, uint16_t zone, CtPacket* cp) {
     uint8_t* inner = cp->l4 + 8;
     if (!parse_ip(inner, cp->l4_len - 8, true, &q, &cp->inner_l4, &cp->inner_l4_len)) return false;
     if (q.v6 != k.v6 || !parse_ports(cp->inner_l4, cp->inner_l4_len, &q, true)) return false;
+    // An error goes to the sender of the packet it quotes (as OVS checks).
+    if (std::memcmp(k.dst, q.src, k.v6 ? 16 : 4) != 0) return false;
     cp->icmp_error = true;
     cp->inner_l3 = inner;
     k = ct_key_reverse(q);

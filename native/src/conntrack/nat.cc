@@ -72,6 +72,7 @@ NatMapping* NatTable::new_mapping() {
   NatMapping* m = free_.back();
   free_.pop_back();
   *m = NatMapping();
+  n_mappings_++;
   return m;
 }
 
@@ -126,7 +127,7 @@ NatMapping* NatTable::acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, u
   }
   // Paired pooling: the public address is a function of the internal one.
   uint32_t n_addr = r.addr_max - r.addr_min + 1;
-  uint32_t h = hash_words(be32(int_addr), zone, proto, 0x6e6174u);
+  uint32_t h = hash_words(be32(int_addr), zone, 0x6e6174u, 0);  // not the protocol: one address for all of them
   uint32_t addr = r.addr_min + (n_addr ? h % n_addr : 0);
   const bool icmp = proto == kIpIcmp || proto == kIpIcmpv6;
   uint16_t lo = r.port_min ? r.port_min : (icmp ? 1 : 1024);
@@ -178,6 +179,7 @@ void NatTable::free_mapping(NatMapping* m) {
   if (me && *me == m) by_ext_.erase(ek);
   if (!me || *me == m) bits(m->proto, m->ext_addr).clear(be16(m->ext_port));  // else a static mapping holds the port
   free_.push_back(m);
+  n_mappings_--;
 }
 
 void NatTable::release(NatMapping* m) {
@@ -186,12 +188,25 @@ void NatTable::release(NatMapping* m) {
   if (--m->refs == 0 && !m->is_static) free_mapping(m);
 }
 
-bool NatTable::find_ext(uint16_t zone, uint8_t proto, uint32_t ext_addr, uint16_t ext_port, NatMapping* out) {
+NatMapping* NatTable::find_ext(uint16_t zone, uint8_t proto, uint32_t ext_addr, uint16_t ext_port, bool dry_run,
+                               NatMapping* out) {
   std::lock_guard<std::mutex> g(mu_);
   NatMapping** m = by_ext_.find(ext_key(proto, ext_addr, ext_port));
-  if (!m || (*m)->zone != zone) return false;
+  if (!m || (*m)->zone != zone) return nullptr;
   *out = **m;
-  return true;
+  if (!dry_run) (*m)->refs++;
+  return *m;
+}
+
+void NatTable::make_reachable(uint16_t zone) {
+  std::lock_guard<std::mutex> g(mu_);
+  by_int_.for_each([&](const IntKey&, NatMapping* m) {
+    if (m->zone != zone || m->reachable) return;
+    const uint64_t ek = ext_key(m->proto, m->ext_addr, m->ext_port);
+    if (by_ext_.find(ek)) return;
+    by_ext_.put(ek, m);
+    m->reachable = true;
+  });
 }
 
 void NatTable::set_static(const std::vector<StaticMapping>& maps) {
@@ -222,12 +237,13 @@ void NatTable::set_static(const std::vector<StaticMapping>& maps) {
 
 size_t NatTable::mappings() {
   std::lock_guard<std::mutex> g(mu_);
-  return by_ext_.size();
+  return n_mappings_;
 }
 
-void NatTable::pick_dst(const NatRange& r, uint32_t client, uint16_t orig_port, uint32_t* addr, uint16_t* port) {
+void NatTable::pick_dst(const NatRange& r, uint32_t client, uint16_t client_port, uint16_t orig_port, uint32_t* addr,
+                        uint16_t* port) {
   uint32_t n_addr = r.addr_max - r.addr_min + 1;
-  uint32_t h = hash_words(be32(client), be16(orig_port), 0x646e6174u, 0);
+  uint32_t h = hash_words(be32(client), be16(client_port), 0x646e6174u, 0);
   *addr = be32(r.addr_min + (n_addr ? h % n_addr : 0));
   uint16_t p = be16(orig_port);
   if (r.port_min && (p < r.port_min || p > r.port_max))

@@ -68,15 +68,23 @@ class NatTable {
   NatMapping* acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r,
                       bool reachable, bool dry_run, uint32_t* ext_addr, uint16_t* ext_port);
   void release(NatMapping* m);
-  // The mapping that owns a public endpoint (endpoint-independent filtering);
-  // copied out under the lock.
-  bool find_ext(uint16_t zone, uint8_t proto, uint32_t ext_addr, uint16_t ext_port, NatMapping* out);
+  // The zone's mapping of a public endpoint (endpoint-independent filtering),
+  // with a reference taken for the connection it lets in (release() it), or
+  // nullptr. *out gets a copy of it; with dry_run no reference is taken.
+  NatMapping* find_ext(uint16_t zone, uint8_t proto, uint32_t ext_addr, uint16_t ext_port, bool dry_run,
+                       NatMapping* out);
+  // A zone starts filtering endpoint-independently: its existing mappings
+  // become reachable by their public endpoints too.
+  void make_reachable(uint16_t zone);
   // Replaces the set of static mappings.
   void set_static(const std::vector<StaticMapping>& maps);
-  size_t mappings();
+  size_t mappings();  // live mappings, dynamic and static
 
-  // Destination NAT target for a client (no allocation).
-  static void pick_dst(const NatRange& r, uint32_t client, uint16_t orig_port, uint32_t* addr, uint16_t* port);
+  // Destination NAT target for a client address and port (no allocation):
+  // an address of the range by a hash of the client, and the original port
+  // unless the range has ports that exclude it.
+  static void pick_dst(const NatRange& r, uint32_t client, uint16_t client_port, uint16_t orig_port, uint32_t* addr,
+                       uint16_t* port);
 
  private:
   struct PortBits;
@@ -106,6 +114,7 @@ class NatTable {
   std::vector<std::unique_ptr<NatMapping[]>> chunks_;
   std::vector<NatMapping*> free_;
   std::vector<NatMapping*> static_;
+  size_t n_mappings_ = 0;
   uint64_t rng_ = 0x2545f4914f6cdd1dull;
 };
 
