@@ -166,3 +166,83 @@ def test_progress_bar_on_a_terminal(monkeypatch):
 def test_trace_with_a_topology_refuses_unknown_ports(capsys):
     assert main(["trace", "--config", TOPO, "--in-port", "vm9", "Ether()/IP()/UDP()"]) == 1
     assert "unknown port 'vm9'" in capsys.readouterr().err
+
+
+NAT_TOPO = os.path.join(os.path.dirname(__file__), "..", "examples", "nat-gateway.yaml")
+
+
+def test_trace_follows_conntrack_and_nat(capsys):
+    assert main(["trace", "--config", NAT_TOPO, "--in-port", "vm1",
+                 'Ether(src="02:00:00:00:01:11",dst="02:00:00:00:01:01")/IP(src="10.0.0.11",dst="198.51.100.1")'
+                 '/TCP(sport=40000,dport=80,flags="S")']) == 0
+    out = capsys.readouterr().out
+    # two recirculations: the lookup, then the commit with NAT
+    assert "recirc(0x1) - resume conntrack" in out and "recirc(0x2) - resume conntrack" in out
+    assert "40. metadata=0x64,ip, priority 100" in out and "ct(table=41,zone=100,nat)" in out
+    assert "conntrack zone 100: ct_state=+new+trk tcp 10.0.0.11:40000 > 198.51.100.1:80" in out
+    assert ("ct_state=+new+trk+snat tcp 10.0.0.11:40000 > 198.51.100.1:80, new connection committed "
+            "(a trace commits nothing), translated to tcp 203.0.113.10:40000 > 198.51.100.1:80") in out
+    assert "Output: inet (54 bytes)" in out
+
+
+def _nat_captures(tmp_path, gap_s):
+    """vm1 sends a UDP query and opens a TCP connection; the answers come
+    `gap_s` seconds after the last packet from vm1."""
+    from scapy.all import IP, TCP, UDP, Ether, wrpcap
+
+    gw, inet = "02:00:00:00:01:01", "02:00:00:00:00:31"
+    t0 = 1_700_000_000
+    out = [Ether(src="02:00:00:00:01:11", dst=gw) / IP(src="10.0.0.11", dst="198.51.100.1") / UDP(sport=5000, dport=53),
+           Ether(src="02:00:00:00:01:11", dst=gw) / IP(src="10.0.0.11", dst="198.51.100.1")
+           / TCP(sport=40000, dport=80, flags="S", seq=100)]
+    back = [Ether(src="02:00:00:00:00:32", dst=inet) / IP(src="198.51.100.1", dst="203.0.113.10")
+            / TCP(sport=80, dport=40000, flags="SA", seq=900, ack=101)]
+    out.append(Ether(src="02:00:00:00:01:11", dst=gw) / IP(src="10.0.0.11", dst="198.51.100.1")
+               / TCP(sport=40000, dport=80, flags="A", seq=101, ack=901))
+    later = [Ether(src="02:00:00:00:00:32", dst=inet) / IP(src="198.51.100.1", dst="203.0.113.10")
+             / UDP(sport=53, dport=5000),
+             Ether(src="02:00:00:00:00:32", dst=inet) / IP(src="198.51.100.1", dst="203.0.113.10")
+             / TCP(sport=80, dport=40000, flags="PA", seq=901, ack=101) / b"data"]
+    for i, p in enumerate(out):
+        p.time = t0 + i * 2
+    back[0].time = t0 + 3
+    for i, p in enumerate(later):
+        p.time = t0 + 4 + gap_s + i
+    wrpcap(str(tmp_path / "vm1.pcap"), out)
+    wrpcap(str(tmp_path / "inet.pcap"), back + later)
+
+
+@pytest.mark.parametrize("gap,udp_back,tcp_back", [
+    (240, True, True),           # 4 minutes: the UDP mapping (5 min) is still there
+    (360, False, True),          # 6 minutes: the UDP mapping is gone, the TCP connection (2 h 4 min) is not
+    (2 * 3600, False, True),     # 2 hours idle: TCP still passes
+    (2 * 3600 + 300, False, False),  # past 2 h 4 min: gone too
+], ids=["4min", "6min", "2h", "2h5min"])
+def test_replay_clock_follows_packet_timestamps(tmp_path, capsys, gap, udp_back, tcp_back):
+    """A capture spanning hours replays its timeouts faithfully in seconds."""
+    _nat_captures(tmp_path, gap)
+    assert main(["replay", "--config", NAT_TOPO, "--in", f"vm1={tmp_path / 'vm1.pcap'}",
+                 "--in", f"inet={tmp_path / 'inet.pcap'}", "--out-dir", str(tmp_path / "out"), "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["ports"]["vm1"]["tx_packets"] == 1 + int(udp_back) + int(tcp_back)
+    dropped = s["tenants"]["blue"]["drops"]
+    assert dropped.get("nat_unsolicited", 0) == int(not udp_back)  # a UDP answer: a new, unsolicited connection
+    assert dropped.get("ct_invalid", 0) == int(not tcp_back)       # TCP data with no connection is +inv
+
+
+def test_ct_dump_after_replay(tmp_path, capsys):
+    _nat_captures(tmp_path, 10)
+    args = ["ct", "dump", "--config", NAT_TOPO, "--in", f"vm1={tmp_path / 'vm1.pcap'}",
+            "--in", f"inet={tmp_path / 'inet.pcap'}"]
+    assert main(args + ["--zone", "100"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "tcp,orig=(src=10.0.0.11,dst=198.51.100.1,sport=40000,dport=80),reply=(src=198.51.100.1,dst=203.0.113.10,"
+        "sport=80,dport=40000),zone=100,protoinfo=(state=ESTABLISHED)",
+        "udp,orig=(src=10.0.0.11,dst=198.51.100.1,sport=5000,dport=53),reply=(src=198.51.100.1,dst=203.0.113.10,"
+        "sport=53,dport=5000),zone=100",
+    ]
+    assert main(args + ["--zone", "200"]) == 0 and capsys.readouterr().out == ""
+    with pytest.raises(SystemExit) as e:
+        main(["ct", "flush", "--config", NAT_TOPO])
+    assert e.value.code == 2 and "running dataplane" in capsys.readouterr().err
