@@ -111,8 +111,9 @@ void Conntrack::prefetch_node(uint32_t hash) const {
   CtNode* n = h[hash & mask_].load(std::memory_order_relaxed);
   if (!n) return;
   const char* c = reinterpret_cast<const char*>(Conn::of(n));
-  __builtin_prefetch(c);       // nodes, original key
-  __builtin_prefetch(c + 64);  // reply key, expiry
+  __builtin_prefetch(c);        // nodes, original key
+  __builtin_prefetch(c + 64);   // reply key, expiry, NAT
+  __builtin_prefetch(c + 128);  // protocol state and timeout class, which a hit updates
 }
 
 Conn* Conntrack::lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const {
