@@ -44,7 +44,7 @@ def _build(args, port_names: Sequence[str] = ()):
                 have.add(name)
     flows = getattr(args, "flows", None)
     if flows:
-        dp.load_flows(flows, create_ports=not explicit)
+        dp.load_flows(flows, create_ports=not explicit and not config)
     return dp
 
 
@@ -131,8 +131,8 @@ def _scapy_eval(expr: str):
 
 
 def cmd_trace(args) -> int:
-    if not args.flows and not args.config:
-        _die("trace needs --flows and/or --config")
+    if not args.flows and not args.config and not args.ctl:
+        _die("trace needs --flows and/or --config, or --ctl for a running dpu")
     if args.hex:
         try:
             data = bytes.fromhex(args.hex.replace(":", "").replace(" ", ""))
@@ -142,6 +142,10 @@ def cmd_trace(args) -> int:
         data = bytes(_scapy_eval(args.packet))
     else:
         _die("trace needs a scapy expression or --hex")
+    if args.ctl:
+        r = _ctl(args, "trace", in_port=args.in_port, hex=data.hex())
+        print(json.dumps(r["json"], indent=2) if args.json else r["text"])
+        return 0
     dp = _build(args, [args.in_port])
     tr = dp.trace(data, args.in_port)
     if args.json:
@@ -156,6 +160,8 @@ def cmd_trace(args) -> int:
 
 
 def cmd_flows(args) -> int:
+    if args.ctl:
+        return cmd_dump_flows(argparse.Namespace(ctl=args.ctl, match="", strict=False))
     dp = _build(args)
     for f in dp.dump_flows():
         print(f.spec if args.plain else f)
@@ -210,8 +216,18 @@ def cmd_bench(args) -> int:
 def cmd_ct(args) -> int:
     """dpu ct dump|flush: the connection table after replaying captures
     (--in), or, with --ctl, of a running instance."""
+    if args.ctl:
+        if args.inputs or args.flows or args.config:
+            _die("ct --ctl acts on the running dpu: --in, --flows and --config are for offline use")
+        if args.action == "flush":
+            n = _ctl(args, "ct-flush", zone=args.zone)
+            print(f"flushed {n} connections")
+        else:
+            for line in _ctl(args, "ct-dump", zone=args.zone):
+                print(line)
+        return 0
     if args.action == "flush":
-        _die("ct flush acts on a running dataplane (dpu run); offline, a replay starts with an empty table")
+        _die("ct flush acts on a running dataplane (dpu run --ctl PATH); offline, a replay starts with an empty table")
     if not args.inputs:
         _die("ct dump needs captures to replay (--in PORT=FILE) to build the table from")
     if not args.flows and not args.config:
@@ -224,6 +240,116 @@ def cmd_ct(args) -> int:
         dp.replay(inputs, args.out_dir or tmp)
     for c in dp.conntrack(zone=args.zone):
         print(c)
+    return 0
+
+
+def cmd_run(args) -> int:
+    from .live import LiveOptions, parse_port_args, run
+
+    opts = LiveOptions(ports=parse_port_args(args.port), config=args.config, flows=args.flows, workers=args.workers,
+                       io=args.io, ctl=None if args.no_ctl else args.ctl, metrics=args.metrics, burst=args.burst)
+    return run(opts)
+
+
+# ---- commands on a running instance (--ctl) -------------------------------------------------
+
+
+def _ctl(args, cmd: str, **kw):
+    from .control import call
+
+    return call(args.ctl, cmd, **kw)
+
+
+def cmd_dump_flows(args) -> int:
+    for line in _ctl(args, "dump-flows", match=args.match or "", strict=args.strict):
+        print(line)
+    return 0
+
+
+def cmd_add_flow(args) -> int:
+    _ctl(args, "add-flows", flows=[[1, args.flow]], file=None)
+    return 0
+
+
+def cmd_add_flows(args) -> int:
+    from .dataplane import read_flows_file
+
+    try:
+        numbered = read_flows_file(args.file)
+    except OSError as e:
+        _die(f"{args.file}: {e.strerror}")
+    n = _ctl(args, "add-flows", flows=[list(x) for x in numbered], file=args.file)
+    print(f"added {n} flows")
+    return 0
+
+
+def cmd_mod_flows(args) -> int:
+    n = _ctl(args, "mod-flows", flow=args.flow, strict=args.strict)
+    print(f"modified {n} flows")
+    return 0
+
+
+def cmd_del_flows(args) -> int:
+    n = _ctl(args, "del-flows", match=args.match or "", strict=args.strict)
+    print(f"deleted {n} flows")
+    return 0
+
+
+def cmd_dump_groups(args) -> int:
+    for line in _ctl(args, "dump-groups"):
+        print(line)
+    return 0
+
+
+def cmd_stats(args) -> int:
+    st = _ctl(args, "stats")
+    if args.json:
+        print(json.dumps(st, sort_keys=True))
+        return 0
+    from .report import counter_tables, table
+
+    print(counter_tables(st))
+    if st.get("interfaces"):
+        print("\nInterfaces:")
+        rows = [[q["ofport"], q["ifname"], q["rx_ring_drops"], q["rx_truncated"], q["tx_refused"]]
+                for q in st["interfaces"]]
+        print(table(rows, ["ofport", "interface", "rx_ring_drops", "rx_too_long", "tx_refused"]))
+    if st.get("workers"):
+        print("\nWorkers:")
+        rows = []
+        for i, w in enumerate(st["workers"]):
+            t = w["busy_ns"] + w["idle_ns"]
+            rows.append([i if i else "0 (api)", w["packets"], w["batches"],
+                         f"{w['packets'] / w['batches']:.1f}" if w["batches"] else "-",
+                         f"{w['busy_ns'] / t:.1%}" if t else "-", w["megaflows"]])
+        print(table(rows, ["worker", "packets", "batches", "pkts/batch", "busy", "megaflows"]))
+    for name, h in (st.get("nexthops") or {}).items():
+        print(f"next hop {name} {h['ip']} on {h['interface']}: {h['state']}" + (f" at {h['mac']}" if h["mac"] else ""))
+    return 0
+
+
+def cmd_reload(args) -> int:
+    r = _ctl(args, "reload")
+    print(f"reloaded: {r.get('flows_added', 0)} flows added, {r.get('flows_deleted', 0)} deleted, "
+          f"version {r.get('version')}")
+    for name in r.get("detached", []):
+        print(f"dpu: warning: port {name} is gone from the topology; its interface no longer forwards",
+              file=sys.stderr)
+    return 0
+
+
+def cmd_show(args) -> int:
+    s = _ctl(args, "show")
+    if args.json:
+        print(json.dumps(s, sort_keys=True))
+        return 0
+    print(f"dpu pid {s['pid']}: {s['workers']} worker(s) on {s['io']}, up {s['uptime']:.0f}s"
+          + (f", config {s['config']}" if s["config"] else "") + (f", flows {s['flows']}" if s["flows"] else ""))
+    for p in s["ports"]:
+        where = "tunnel" if p["tunnel"] else (p["interface"] or "(no interface)")
+        print(f" {p['ofport']}({p['name']}): {where}")
+    for name, h in s["nexthops"].items():
+        print(f" next hop {name} {h['ip']} on {h['interface']}: {h['state']}" + (f" at {h['mac']}" if h["mac"] else ""))
     return 0
 
 
@@ -246,6 +372,16 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", help="tenant topology file (YAML)")
         sp.add_argument("--ports", help="comma-separated port names (default: every port the flows name)")
 
+    from .live import DEFAULT_CTL
+
+    def ctl_arg(sp, required_default=True):
+        if required_default:
+            sp.add_argument("--ctl", default=DEFAULT_CTL, metavar="PATH",
+                            help=f"control socket of the running dpu (default {DEFAULT_CTL})")
+        else:
+            sp.add_argument("--ctl", default=None, metavar="PATH",
+                            help=f"act on the running dpu at this control socket (e.g. {DEFAULT_CTL})")
+
     sp = sub.add_parser("demo", help="run the built-in topology and traffic through the pipeline")
     sp.add_argument("--out-dir", default="dpu-demo", help="where to write input and output pcaps")
     sp.add_argument("--packets", type=int, default=200_000, help="packets of generated traffic")
@@ -267,6 +403,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--hex", help="the packet as hex bytes")
     sp.add_argument("--json", action="store_true", help="print the trace as JSON")
     sp.add_argument("packet", nargs="?", help="scapy expression, e.g. 'Ether()/IP(dst=\"10.0.0.5\")/UDP()'")
+    ctl_arg(sp, False)
     sp.set_defaults(func=cmd_trace)
 
     sp = sub.add_parser("ct", help="the connection table (like ovs-appctl dpctl/dump-conntrack)")
@@ -276,13 +413,15 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--in", dest="inputs", action="append", default=[], metavar="PORT=FILE",
                     help="capture to replay first, building the table (repeatable)")
     sp.add_argument("--out-dir", default=None, help="where the replay writes its outputs (default: discarded)")
+    ctl_arg(sp, False)
     sp.set_defaults(func=cmd_ct)
 
     sp = sub.add_parser("flows", help="load flows (and/or a topology) and print them as dump-flows does")
     pipeline_args(sp)
     sp.add_argument("file", nargs="?", help="flows file (same as --flows)")
     sp.add_argument("--plain", action="store_true", help="print re-loadable flows without counters")
-    sp.set_defaults(func=lambda a: cmd_flows(_merge_file(a)))
+    ctl_arg(sp, False)
+    sp.set_defaults(func=lambda a: cmd_flows(a if a.ctl else _merge_file(a)))
 
     sp = sub.add_parser("compile", help="print the flows a tenant topology compiles to")
     sp.add_argument("topology", help="topology file (YAML)")
@@ -299,6 +438,66 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("-o", "--output", required=True, help="output pcap")
     sp.set_defaults(func=cmd_gen)
+
+    sp = sub.add_parser("run", help="forward between Linux interfaces until SIGINT/SIGTERM (the live dataplane)")
+    sp.add_argument("--config", help="tenant topology file (YAML)")
+    sp.add_argument("--flows", help="flows file (on top of the topology's, or alone)")
+    sp.add_argument("--port", action="append", default=[], metavar="NAME=INTERFACE", required=True,
+                    help="attach a port to a Linux interface (repeatable)")
+    sp.add_argument("--workers", type=int, default=1, help="forwarding worker threads (default 1)")
+    sp.add_argument("--io", default="afpacket", choices=["afpacket", "afxdp"], help="I/O backend (default afpacket)")
+    sp.add_argument("--ctl", default=DEFAULT_CTL, metavar="PATH", help=f"control socket (default {DEFAULT_CTL})")
+    sp.add_argument("--no-ctl", action="store_true", help="no control socket")
+    sp.add_argument("--metrics", metavar="[HOST:]PORT", default=None,
+                    help="serve Prometheus metrics here (off by default; host defaults to 127.0.0.1)")
+    sp.add_argument("--burst", type=int, default=32, help="frames a worker takes from a queue at a time (1-256)")
+    sp.set_defaults(func=cmd_run)
+
+    sp = sub.add_parser("dump-flows", help="print the running dpu's flows (ovs-ofctl dump-flows)")
+    sp.add_argument("match", nargs="?", help="only the flows this match selects")
+    sp.add_argument("--strict", action="store_true", help="exactly this match and priority")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_dump_flows)
+
+    sp = sub.add_parser("add-flow", help="add one flow to the running dpu (ovs-ofctl add-flow)")
+    sp.add_argument("flow")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_add_flow)
+
+    sp = sub.add_parser("add-flows", help="add a file's flows to the running dpu, all or none")
+    sp.add_argument("file")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_add_flows)
+
+    sp = sub.add_parser("mod-flows", help="change the actions of the running dpu's flows (ovs-ofctl mod-flows)")
+    sp.add_argument("flow")
+    sp.add_argument("--strict", action="store_true", help="exactly this match and priority")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_mod_flows)
+
+    sp = sub.add_parser("del-flows", help="delete the running dpu's flows (ovs-ofctl del-flows)")
+    sp.add_argument("match", nargs="?", help="only the flows this match selects (default: all)")
+    sp.add_argument("--strict", action="store_true", help="exactly this match and priority")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_del_flows)
+
+    sp = sub.add_parser("dump-groups", help="print the running dpu's groups")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_dump_groups)
+
+    sp = sub.add_parser("stats", help="the running dpu's counters (ports, tables, tenants, conntrack, workers)")
+    sp.add_argument("--json", action="store_true", help="print the counters as JSON")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_stats)
+
+    sp = sub.add_parser("reload", help="re-read the running dpu's topology (and flows) file, atomically")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_reload)
+
+    sp = sub.add_parser("show", help="the running dpu's ports, interfaces and next hops")
+    sp.add_argument("--json", action="store_true")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_show)
 
     sp = sub.add_parser("bench", help="measure packet rates (Mpps, ns/packet)")
     sp.add_argument("scenarios", nargs="*", help="scenario names (default: all)")

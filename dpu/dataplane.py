@@ -426,7 +426,12 @@ class Dataplane:
         comments, blank lines. A line starting with ``group_id=`` is a group
         (added before the flows, so flows may use it). Errors name the file's line.
         """
-        numbered = read_flows_file(path)
+        return self.load_numbered_flows(read_flows_file(path), str(path), create_ports)
+
+    def load_numbered_flows(self, numbered: Sequence[Tuple[int, str]], path: Optional[str] = None,
+                            create_ports: bool = False) -> int:
+        """:meth:`load_flows` for (line number, text) pairs already read from
+        ``path`` (named in errors; the control socket's add-flows)."""
         groups = [(n, f) for n, f in numbered if f.startswith("group_id=")]
         flows = [(n, f) for n, f in numbered if not f.startswith("group_id=")]
         order = groups + flows
@@ -439,10 +444,10 @@ class Dataplane:
             t.commit()
         except DpuError as e:
             index = e.line if e.line is not None else (1 if len(order) == 1 else None)
-            if index is not None and 0 < index <= len(order):
+            if path is not None and index is not None and 0 < index <= len(order):
                 e.line = order[index - 1][0]
-                e.file = str(path)
-                e.args = (_relocate(e, str(path)),)
+                e.file = path
+                e.args = (_relocate(e, path),)
             raise
         return len(flows)
 
@@ -549,20 +554,22 @@ class Dataplane:
         return replay(self, inputs, out_dir, progress=progress, chunk=chunk)
 
     # ---- counters ---------------------------------------------------------------------------
-    def stats(self) -> dict:
-        """Counters: per port, per table, per tenant, cache levels (pmd-stats-show)."""
+    def stats(self, sync: bool = True) -> dict:
+        """Counters: per port, per table, per tenant, cache levels (pmd-stats-show),
+        per worker. ``sync=False`` never waits for a worker: rule and table
+        counters are then as of each worker's last housekeeping (live mode: 50 ms)."""
         raw = self._core.stats()
         names = {p["ofport"]: p["name"] for p in self._core.ports()}
         ports = {names.get(n, str(n)): c for n, c in raw["ports"].items()}
         tenants = {name: raw["tenants"][slot] for name, _, slot in self._core.tenants() if slot < len(raw["tenants"])}
         tables = []
-        for t, (lookups, matches, active) in enumerate(self._core.tables()):
+        for t, (lookups, matches, active) in enumerate(self._core.tables(sync)):
             if lookups or active:
                 tables.append(
                     {"table": t, "active": active, "lookups": lookups, "matches": matches, "misses": lookups - matches}
                 )
         return {"ports": ports, "tables": tables, "tenants": tenants, "pmd": raw["pmd"],
-                "conntrack": self._core.ct_stats()}
+                "workers": raw["workers"], "conntrack": self._core.ct_stats()}
 
     def set_tenants(self, tenants: Sequence[Tuple[str, int]]) -> None:
         with self.transaction() as t:

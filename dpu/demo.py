@@ -15,6 +15,7 @@ import numpy as np
 
 from . import gen
 from .dataplane import Dataplane
+from .report import counter_tables, tenant_zones
 
 TOPOLOGY = """\
 uplink:
@@ -159,12 +160,6 @@ def make_traffic(in_dir: str, packets: int) -> Dict[str, str]:
     return files
 
 
-def _table(rows: List[List[str]], header: List[str]) -> str:
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    fmt = "  ".join("{:<%d}" % w if i == 0 else "{:>%d}" % w for i, w in enumerate(widths))
-    return "\n".join([fmt.format(*header)] + [fmt.format(*[str(c) for c in r]) for r in rows])
-
-
 def run_demo(out_dir: str = "dpu-demo", packets: int = 200_000, as_json: bool = False) -> int:
     os.makedirs(out_dir, exist_ok=True)
     topo_path = os.path.join(out_dir, "topology.yaml")
@@ -191,31 +186,8 @@ def run_demo(out_dir: str = "dpu-demo", packets: int = 200_000, as_json: bool = 
     for port, streams in TRAFFIC.items():
         for what, *_ in streams:
             print(f"  {port:<4} {what}")
-    print("\nPorts:")
-    rows = [[n, c["rx_packets"], c["tx_packets"], c["dropped"], ", ".join(f"{k} {v}" for k, v in sorted(c["drops"].items()))]
-            for n, c in summary.ports.items()]
-    print(_table(rows, ["port", "rx", "tx", "dropped", "drops by reason"]))
-    print("\nTables:")
-    rows = [[t["table"], t["active"], t["lookups"], t["matches"], t["misses"]] for t in st["tables"]]
-    print(_table(rows, ["table", "rules", "lookups", "matches", "misses"]))
-    print("\nTenants:")
-    rows = [[n, c["rx_packets"], c["tx_packets"], c["dropped"], ", ".join(f"{k} {v}" for k, v in sorted(c["drops"].items()))]
-            for n, c in st["tenants"].items()]
-    print(_table(rows, ["tenant", "in", "out", "dropped", "drops by reason"]))
-    ct = st["conntrack"]
-    print(f"\nConntrack: {ct['connections']:,} connections ({ct['bytes_per_connection']} bytes each), "
-          f"{ct['nat_mappings']:,} NAT mappings")
-    rows = [[n, z, ct["zones"].get(z, 0), t.connection_limit or "-"]
-            for n, t in dp.topology.topology.tenants.items() for z in [t.zone] if t.nat or t.connection_limit]
-    print(_table(rows, ["tenant", "zone", "connections", "limit"]))
-    for line in dp.conntrack()[:3]:
-        print(f"  {line}")
-    p = st["pmd"]
-    passes = max(p["passes"], 1)
-    print(f"\nCaches: {p['packets']:,} packets, {p['passes']:,} lookups ({p['recirculations']:,} after tunnel pop "
-          f"or conntrack); "
-          f"EMC hits {p['emc_hits'] / passes:.1%}, megaflow hits {p['megaflow_hits'] / passes:.1%}, "
-          f"upcalls {p['upcalls']}, megaflows {p['megaflows']}")
+    print()
+    print(counter_tables(st, ports=summary.ports, zones=tenant_zones(dp), connections=dp.conntrack()[:3]))
     print(f"Rate: {summary.packets_in:,} packets in {summary.seconds:.3f}s = {summary.mpps:.2f} Mpps "
           f"(read pcaps, process, write pcaps; one core)")
     print(f"\nWrote {out_dir}/topology.yaml, {out_dir}/flows.txt, {out_dir}/in/*.pcap, {out_dir}/out/*.pcap")

@@ -81,5 +81,13 @@ class DpuIOError(DpuError, OSError):
     """A file could not be opened, read or written."""
 
 
+class LiveError(DpuError):
+    """``dpu run`` cannot start: an interface, a permission, the control socket or the metrics address."""
+
+
+class ControlError(DpuError):
+    """No running dpu answers on the control socket, or it broke the conversation."""
+
+
 class TopologyError(DpuError, ValueError):
     """A tenant topology that cannot be compiled; ``path`` names the offending key."""

@@ -43,6 +43,7 @@ PROTO_NUMBERS = {"tcp": 6, "udp": 17}
 
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+UNRESOLVED_MAC = "00:00:00:00:00:00"  # a tunnel port's next hop before ARP answers: output drops
 _RESERVED = {"in_port", "flood", "all", "drop", "local", "normal", "controller", TUNNEL_PORT}
 
 
@@ -51,12 +52,13 @@ class Uplink:
     port: str
     ip: Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
     mac: str
-    nexthop_mac: str
+    nexthop_mac: Optional[str]       # None: resolved by ARP for `nexthop` (dpu run)
     mtu: int = 1500
     vxlan_port: int = 4789
     ttl: int = 64
     src_port_range: Tuple[int, int] = (49152, 65535)
     strict_vxlan: bool = False
+    nexthop: Optional[ipaddress.IPv4Address] = None  # the underlay router, when its MAC is resolved by ARP
 
     @property
     def ipv6(self) -> bool:
@@ -104,7 +106,9 @@ class Nat:
 class Internet:
     port: str
     mac: str
-    nexthop_mac: str
+    nexthop_mac: Optional[str]       # None: resolved by ARP for `nexthop` (dpu run)
+    nexthop: Optional[ipaddress.IPv4Address] = None
+    ip: Optional[ipaddress.IPv4Address] = None  # source of ARP requests (default: first public address)
 
 
 @dataclass
@@ -228,18 +232,25 @@ def load_topology(src: Any) -> Topology:
     data, where = _read_source(src)
     v = _V(where)
     v.mapping(data, "", ["uplink", "tenants"], ["internet", "conntrack"])
-    u = v.mapping(data["uplink"], "uplink", ["port", "ip", "mac", "nexthop_mac"],
-                  ["mtu", "vxlan_port", "ttl", "src_port_range", "strict_vxlan"])
+    u = v.mapping(data["uplink"], "uplink", ["port", "ip", "mac"],
+                  ["nexthop_mac", "nexthop", "mtu", "vxlan_port", "ttl", "src_port_range", "strict_vxlan"])
     uplink = Uplink(
         port=v.name(u["port"], "uplink.port"),
         ip=v.ip(u["ip"], "uplink.ip"),
         mac=v.mac(u["mac"], "uplink.mac"),
-        nexthop_mac=v.mac(u["nexthop_mac"], "uplink.nexthop_mac"),
-        mtu=v.integer(u.get("mtu", 1500), "uplink.mtu", 576, 9216),
+        nexthop_mac=v.mac(u["nexthop_mac"], "uplink.nexthop_mac") if "nexthop_mac" in u else None,
+        mtu=v.integer(u.get("mtu", 1500), "uplink.mtu", 576, 10000),
         vxlan_port=v.integer(u.get("vxlan_port", 4789), "uplink.vxlan_port", 1, 65535),
         ttl=v.integer(u.get("ttl", 64), "uplink.ttl", 1, 255),
         strict_vxlan=bool(u.get("strict_vxlan", False)),
     )
+    if "nexthop" in u:
+        uplink.nexthop = v.ip(u["nexthop"], "uplink.nexthop", uplink.ip.version)
+    if uplink.nexthop_mac is None:
+        if uplink.ipv6:
+            v.fail("uplink.nexthop_mac", "required over an IPv6 underlay (next hops are resolved by ARP, IPv4 only)")
+        if uplink.nexthop is None:
+            v.fail("uplink", "give nexthop_mac, or nexthop (the router's address, resolved by ARP)")
     if uplink.ipv6 and uplink.mtu < 1280:
         v.fail("uplink.mtu", "an IPv6 underlay needs an MTU of at least 1280")
     if "src_port_range" in u:
@@ -254,9 +265,13 @@ def load_topology(src: Any) -> Topology:
 
     internet = None
     if data.get("internet") is not None:
-        i = v.mapping(data["internet"], "internet", ["port", "mac", "nexthop_mac"], [])
+        i = v.mapping(data["internet"], "internet", ["port", "mac"], ["nexthop_mac", "nexthop", "ip"])
         internet = Internet(port=v.name(i["port"], "internet.port"), mac=v.mac(i["mac"], "internet.mac"),
-                            nexthop_mac=v.mac(i["nexthop_mac"], "internet.nexthop_mac"))
+                            nexthop_mac=v.mac(i["nexthop_mac"], "internet.nexthop_mac") if "nexthop_mac" in i else None,
+                            nexthop=v.ip(i["nexthop"], "internet.nexthop", 4) if "nexthop" in i else None,
+                            ip=v.ip(i["ip"], "internet.ip", 4) if "ip" in i else None)
+        if internet.nexthop_mac is None and internet.nexthop is None:
+            v.fail("internet", "give nexthop_mac, or nexthop (the router's address, resolved by ARP)")
         if internet.port == uplink.port:
             v.fail("internet.port", f"{internet.port} is the uplink port")
     ct_timeouts, ct_max = _conntrack_section(v, data.get("conntrack"))
@@ -575,7 +590,7 @@ def compile_topology(topo: Topology) -> Compiled:
             "underlay": u.port,
             "local_ip": str(u.ip),
             "local_mac": u.mac,
-            "nexthop_mac": u.nexthop_mac,
+            "nexthop_mac": u.nexthop_mac or UNRESOLVED_MAC,
             "dst_port": u.vxlan_port,
             "sport_min": u.src_port_range[0],
             "sport_max": u.src_port_range[1],
@@ -768,8 +783,11 @@ def _compile_nat(topo: Topology, t: Tenant, add) -> None:
     for pub in nat.public_addresses:
         # hairpin: in again as if from the internet, with a fresh conntrack lookup
         add((f"table={T_NAT_OUT_ROUTE},priority=100,{ck},{md},ip,nw_dst={pub},actions=ct_clear,goto_table:{T_INET_IN}", sec))
-    add((f"table={T_NAT_OUT_ROUTE},priority=50,{ck},{md},ip,actions=mod_dl_src:{inet.mac},"
-         f"mod_dl_dst:{inet.nexthop_mac},dec_ttl,output:{inet.port}", sec))
+    if inet.nexthop_mac:
+        add((f"table={T_NAT_OUT_ROUTE},priority=50,{ck},{md},ip,actions=mod_dl_src:{inet.mac},"
+             f"mod_dl_dst:{inet.nexthop_mac},dec_ttl,output:{inet.port}", sec))
+    else:  # dpu run resolves it by ARP and reloads
+        add((f"table={T_NAT_OUT_ROUTE},priority=50,{ck},{md},ip,actions=drop(nexthop_unresolved)", sec))
 
     sec = f"table {T_INET_IN}: {tname}: inbound, conntrack"
     add((f"table={T_INET_IN},priority=100,{ck},{md},ip,actions=ct({z},nat,table={T_INET_IN_CT})", sec))

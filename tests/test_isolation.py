@@ -55,7 +55,7 @@ from packets import (
 )
 
 TOPO = os.path.join(os.path.dirname(__file__), "..", "examples", "topology.yaml")
-CAPACITY = 2048 - 128  # README: 2 KiB buffers with 128 bytes of headroom; longer frames are "oversize"
+CAPACITY = 10240 - 128  # README: frames up to 10,112 bytes (jumbo frames); longer ones are "oversize"
 
 # Deterministic and CI-reproducible: no example database, derandomized, no deadline.
 FUZZ = dict(
@@ -719,7 +719,8 @@ def tag_and_cut(draw, f, vlan_one_in=10, cut_one_in=8):
     return f
 
 
-PAYLOAD_SIZES = [0, 1, 8, 18, 46, 1400, 1410, 1420, 1428, 1450, 1472, 1480, 1850, 1877, 1878, 1879]
+PAYLOAD_SIZES = [0, 1, 8, 18, 46, 1400, 1410, 1420, 1428, 1450, 1472, 1480, 1850, 1877, 1878, 1879,
+                 1900, 8950, 9174, 10070, 10080]
 
 
 @st.composite

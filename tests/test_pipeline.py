@@ -217,7 +217,7 @@ def test_truncated_packets_never_crash_and_are_counted(cut):
 
 def test_oversize_packet_is_a_counted_drop():
     dp = Dataplane(ports=PORTS, flows=["actions=output:p2"])
-    assert dp.process(b"\x00" * 5000, in_port="p1") == []
+    assert dp.process(b"\x00" * 10113, in_port="p1") == []
     st = dp.stats()["ports"]["p1"]
     assert st["drops"] == {"oversize": 1} and st["rx_packets"] == 1
 

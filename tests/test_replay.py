@@ -138,7 +138,7 @@ def test_missing_file_and_unknown_port(tmp_path):
 
 def test_oversize_records_are_counted_not_fatal(tmp_path):
     a = tmp_path / "a.pcap"
-    write(a, [pkt(1), E / IP(dst="10.0.0.5") / UDP() / Raw(b"j" * 3000), pkt(3)], [1, 2, 3])
+    write(a, [pkt(1), E / IP(dst="10.0.0.5") / UDP() / Raw(b"j" * 10100), pkt(3)], [1, 2, 3])
     s = flows_dp().replay({"a": str(a)}, tmp_path / "o")
     assert s.packets_in == 3 and s.packets_out == 2 and s.drops == {"oversize": 1}
 

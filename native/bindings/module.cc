@@ -17,6 +17,7 @@
 #include "../src/dataplane.h"
 #include "../src/dpcls.h"
 #include "dpu/mem.h"
+#include "../src/live.h"
 #include "../src/runner.h"
 #include "dpu/ofparse.h"
 
@@ -453,6 +454,54 @@ void bind_replayer(py::module_& m) {
 }
 
 
+// ---- live mode: worker threads on Linux interfaces --------------------------------------------
+void bind_live(py::module_& m, DataplaneClass& c) {
+  py::class_<LiveRunner>(m, "Live")
+      .def("start",
+           [](LiveRunner& r) {
+             Status st;
+             {
+               py::gil_scoped_release nogil;
+               st = r.start();
+             }
+             check(st);
+           })
+      .def("stop",
+           [](LiveRunner& r) {
+             py::gil_scoped_release nogil;
+             r.stop();
+           })
+      .def_property_readonly("running", &LiveRunner::running)
+      .def("queue_stats", [](const LiveRunner& r) {
+        py::list out;
+        for (const LiveQueueStats& q : r.queue_stats()) {
+          py::dict d;
+          d["ofport"] = q.ofport;
+          d["ifname"] = q.ifname;
+          d["rx_ring_drops"] = q.c.rx_ring_drops;
+          d["rx_truncated"] = q.c.rx_truncated;
+          d["tx_refused"] = q.c.tx_refused;
+          out.append(d);
+        }
+        return out;
+      });
+  c.def(
+      "live",
+      [](Dataplane& dp, const std::vector<std::pair<uint32_t, std::string>>& ports, const std::string& io,
+         uint32_t burst, uint32_t idle_ms, uint32_t first_worker) {
+        LiveConfig cfg;
+        for (const auto& p : ports) cfg.ports.push_back({p.first, p.second});
+        cfg.io = io;
+        cfg.burst = std::max<uint32_t>(1, std::min<uint32_t>(burst, kBatchMax));
+        cfg.idle_ms = idle_ms;
+        cfg.first_worker = first_worker;
+        return std::make_unique<LiveRunner>(&dp, std::move(cfg));
+      },
+      py::arg("ports"), py::arg("io") = "afpacket", py::arg("burst") = 32, py::arg("idle_ms") = 1,
+      py::arg("first_worker") = 0,
+      py::keep_alive<0, 1>());
+}
+
 // ---- control: transactions, ports, tenants, dumps ----------------------------------------------
 void bind_control(DataplaneClass& c) {
   c.def(py::init<size_t>(), py::arg("workers") = 1)
@@ -499,15 +548,17 @@ void bind_control(DataplaneClass& c) {
              for (const GroupDump& g : v) l.append(py::make_tuple(g.group_id, g.text, g.n_packets, g.n_bytes));
              return l;
            })
-      .def("tables",
-           [](Dataplane& dp) {
-             std::vector<std::array<uint64_t, 3>> v;
-             {
-               py::gil_scoped_release nogil;
-               dp.table_counters(&v);
-             }
-             return v;
-           });
+      .def(
+          "tables",
+          [](Dataplane& dp, bool sync) {
+            std::vector<std::array<uint64_t, 3>> v;
+            {
+              py::gil_scoped_release nogil;
+              dp.table_counters(&v, sync);
+            }
+            return v;
+          },
+          py::arg("sync") = true);
 }
 
 // ---- counters ------------------------------------------------------------------------------------
@@ -529,6 +580,13 @@ void bind_counters(DataplaneClass& c) {
              py::dict pmd = worker_counters_dict(t.pmd);
              pmd["megaflows"] = t.megaflows;
              d["pmd"] = pmd;
+             py::list workers;
+             for (size_t i = 0; i < t.workers.size(); i++) {
+               py::dict w = worker_counters_dict(t.workers[i]);
+               w["megaflows"] = t.worker_megaflows[i];
+               workers.append(w);
+             }
+             d["workers"] = workers;
              return d;
            });
 }
@@ -646,7 +704,7 @@ void bind_packets(DataplaneClass& c) {
              }
              for (size_t i = 0; i < n; i++) {
                if (off[i] > buf.size() || ln[i] > buf.size() - off[i]) throw py::value_error("packet runs past the buffer");
-               if (ln[i] > Packet::capacity()) throw py::value_error("packet larger than a buffer");
+               if (ln[i] > Packet::max_capacity()) throw py::value_error("packet larger than a buffer");
                if (pt[i] >= known.size() || !known[pt[i]]) raise_status(Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(pt[i])));
              }
              BenchStats bs;
@@ -711,4 +769,5 @@ PYBIND11_MODULE(_core, m) {
   bind_trace(dp);
   bind_packets(dp);
   bind_conntrack(dp);
+  bind_live(m, dp);
 }

@@ -17,6 +17,12 @@ inline uint16_t load16(const uint8_t* p) {
   return v;
 }
 inline void store16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+inline uint32_t load32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline void store32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 
 // Partial sum over bytes (raw word order); odd trailing byte padded with zero.
 inline uint64_t csum_partial(const uint8_t* p, size_t n, uint64_t sum = 0) {

@@ -95,7 +95,10 @@ Status Dataplane::validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortI
     pi.tunnel = ps.tunnel;
     pi.tnl = ps.cfg;
     if (ps.ofport) {
-      if (ps.ofport >= 0xffff0000u || (ports_.get(ps.ofport) && !tp->deleted_.count(ps.ofport)) ||
+      if (ps.ofport > kMaxOfport)
+        return Status::Error(Err::BAD_VALUE, "port '" + ps.name + "': port number " + std::to_string(ps.ofport) +
+                                                 " out of range (1-" + std::to_string(kMaxOfport) + ")");
+      if ((ports_.get(ps.ofport) && !tp->deleted_.count(ps.ofport)) ||
           tp->names_.count(ps.ofport))
         return Status::Error(Err::CONFLICT, "port number " + std::to_string(ps.ofport) + " is taken");
       pi.ofport = ps.ofport;
@@ -513,8 +516,8 @@ std::vector<GroupDump> Dataplane::dump_groups() {
   return out;
 }
 
-void Dataplane::table_counters(std::vector<std::array<uint64_t, 3>>* out) {
-  sync_stats();
+void Dataplane::table_counters(std::vector<std::array<uint64_t, 3>>* out, bool sync) {
+  if (sync) sync_stats();
   std::shared_lock<std::shared_mutex> rl(lock_);
   out->clear();
   for (int t = 0; t < kNumTables; t++)
@@ -531,12 +534,13 @@ Totals Dataplane::totals() {
   }
   tot.tenants.resize(n_tenants + 1);
   for (const PortInfo& p : ps) tot.ports.push_back({p.ofport, PortCounters()});
-  for (auto& w : workers_) {
-    std::lock_guard<std::mutex> g(w->mu);
+  for (auto& w : workers_) {  // no lock: a scrape never waits for a batch
     for (auto& pc : tot.ports)
       if (pc.first < w->ports.size()) pc.second.add(w->ports[pc.first]);
     for (size_t t = 0; t < tot.tenants.size() && t < w->tenants.size(); t++) tot.tenants[t].add(w->tenants[t]);
     tot.pmd.add(w->pmd);
+    tot.workers.push_back(w->pmd);
+    tot.worker_megaflows.push_back(w->megaflow_count());
     tot.megaflows += w->megaflow_count();
   }
   return tot;
@@ -723,9 +727,9 @@ Status Dataplane::trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceR
     const PortInfo* pi = ports_.get(in_port);
     if (!pi) return Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(in_port));
   }
-  if (len > Packet::capacity())
+  if (len > Packet::max_capacity())
     return Status::Error(Err::INVALID, "packet of " + std::to_string(len) + " bytes exceeds the " +
-                                           std::to_string(Packet::capacity()) + "-byte buffer");
+                                           std::to_string(Packet::max_capacity()) + "-byte maximum frame");
   class Recorder : public TraceRecorder, public PortSink {
    public:
     Recorder(Dataplane* dp, TraceResult* o) : dp_(dp), o_(o) {}
@@ -749,9 +753,10 @@ Status Dataplane::trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceR
     void conntrack(const CtSpec& spec, const CtResult& r) override {
       if (!o_->passes.empty()) o_->passes.back().conntrack.push_back(ct_result_text(spec, r));
     }
-    void send(uint32_t port, Packet* const* pkts, uint32_t n) override {
+    uint32_t send(uint32_t port, Packet* const* pkts, uint32_t n) override {
       for (uint32_t i = 0; i < n; i++)
         o_->outputs.emplace_back(port, std::vector<uint8_t>(pkts[i]->data(), pkts[i]->data() + pkts[i]->len));
+      return n;
     }
 
    private:
@@ -762,7 +767,7 @@ Status Dataplane::trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceR
   w.set_trace(&rec);
   w.set_sink(&rec);
   Batch b;
-  Packet* p = w.pool().get();
+  Packet* p = w.pool().get_for(static_cast<uint32_t>(len));
   std::memcpy(p->data(), pkt, len);
   p->len = static_cast<uint16_t>(len);
   p->md.in_port = in_port;
@@ -771,9 +776,9 @@ Status Dataplane::trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceR
     std::lock_guard<std::mutex> g(w.mu);
     w.process(b);
   }
-  for (const auto& pc : w.ports)
+  for (size_t i = 0; i < w.ports.size(); i++)
     for (int r = 1; r < DROP_COUNT; r++)
-      if (pc.drops[r]) out->drop_reason = static_cast<uint16_t>(r);
+      if (w.ports[i].drops[r]) out->drop_reason = static_cast<uint16_t>(r);
   return Status::Ok();
 }
 

@@ -117,6 +117,8 @@ struct Totals {
   std::vector<std::pair<uint32_t, PortCounters>> ports;
   std::vector<TenantCounters> tenants;
   PmdCounters pmd;
+  std::vector<PmdCounters> workers;  // each worker's own (pmd is their sum)
+  std::vector<uint64_t> worker_megaflows;
   uint64_t megaflows = 0;
 };
 
@@ -130,7 +132,10 @@ class Dataplane {
   Status dump_flows(const std::string& selector, bool strict, std::vector<FlowDump>* out);
   std::vector<GroupDump> dump_groups();
   Totals totals();  // summed over workers
-  void table_counters(std::vector<std::array<uint64_t, 3>>* out);  // lookups, matches, rules
+  // lookups, matches, rules; sync: first credit what the workers' caches
+  // counted (takes each worker's lock between batches); without it, the counts
+  // as of each worker's last housekeeping (a scrape never waits for a worker).
+  void table_counters(std::vector<std::array<uint64_t, 3>>* out, bool sync = true);
   Status trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceResult* out);
 
   std::vector<PortInfo> ports();

@@ -111,6 +111,7 @@ class Dpcls {
   void clear();
   void resort();
   size_t size() const { return n_flows_; }
+  const size_t& size_ref() const { return n_flows_; }  // for a relaxed read from another thread
   size_t n_subtables() const { return order_.size(); }
   template <class F>
   void for_each(F&& f) {

@@ -16,7 +16,7 @@ namespace {
 class CaptureSink : public PortSink {
  public:
   explicit CaptureSink(MemOutput* out, const uint32_t* index_of) : out_(out), index_of_(index_of) {}
-  void send(uint32_t port, Packet* const* pkts, uint32_t n) override {
+  uint32_t send(uint32_t port, Packet* const* pkts, uint32_t n) override {
     for (uint32_t i = 0; i < n; i++) {
       const Packet* p = pkts[i];
       MemPacket m;
@@ -29,6 +29,7 @@ class CaptureSink : public PortSink {
       out_->data.insert(out_->data.end(), p->data(), p->data() + p->len);
       out_->pkts.push_back(m);
     }
+    return n;
   }
 
  private:
@@ -38,13 +39,16 @@ class CaptureSink : public PortSink {
 
 class CountSink : public PortSink {
  public:
-  void send(uint32_t, Packet* const*, uint32_t n) override { count += n; }
+  uint32_t send(uint32_t, Packet* const*, uint32_t n) override {
+    count += n;
+    return n;
+  }
   uint64_t count = 0;
 };
 
 // Counts a packet that cannot be loaded into a buffer (caller holds w.mu).
 void count_oversize(Worker& w, uint32_t port, uint32_t len) {
-  if (port >= w.ports.size()) w.ports.resize(port + 1);
+  w.ports.grow(port + 1);
   PortCounters& pc = w.ports[port];
   pc.rx_packets++;
   pc.rx_bytes += len;
@@ -79,12 +83,13 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
     // packet arriving on another port waits for the next batch, so it sees
     // every connection the ones before it committed.
     while (i < n && !b.full() && (b.count == 0 || ports[i] == b.pkts[0]->md.in_port)) {
-      if (lens[i] > Packet::capacity()) {
+      if (lens[i] > Packet::max_capacity()) {
         count_oversize(w, ports[i], lens[i]);
         i++;
         continue;
       }
-      Packet* p = w.pool().get();
+      Packet* p = w.pool().get_for(lens[i]);
+      if (!p) break;  // every big buffer is in this batch: the rest waits for the next
       copy_frame(p->data(), data + offsets[i], lens[i]);
       p->len = static_cast<uint16_t>(lens[i]);
       p->md.in_port = ports[i];
@@ -122,16 +127,17 @@ BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets
     b.clear();
     uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(kRxBurst, total - done));
     for (uint32_t k = 0; k < want; k++) {
-      Packet* p = w.pool().get();
+      Packet* p = w.pool().get_for(lens[next]);
+      if (!p) break;  // every big buffer is in this burst
       p->len = static_cast<uint16_t>(lens[next]);
       copy_frame(p->data(), data + offsets[next], lens[next]);
       p->md.in_port = ports[next];
       b.push(p);
       if (++next == n) next = 0;
     }
+    done += b.count;
     w.process(b);
     w.set_sink(nullptr);
-    done += want;
   }
   auto t1 = std::chrono::steady_clock::now();
   bs.packets = done;
@@ -143,9 +149,10 @@ BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets
 
 class Replayer::Writers : public PortSink {
  public:
-  void send(uint32_t port, Packet* const* pkts, uint32_t n) override {
-    if (port >= files.size() || !files[port]) return;
+  uint32_t send(uint32_t port, Packet* const* pkts, uint32_t n) override {
+    if (port >= files.size() || !files[port]) return n;  // a port without an output file: sent, not kept
     for (uint32_t i = 0; i < n; i++) files[port]->write(pkts[i]->md.timestamp_ns, pkts[i]->data(), pkts[i]->len);
+    return n;
   }
   std::vector<std::unique_ptr<PcapWriter>> files;  // by ofport
   std::vector<std::pair<std::string, std::string>> names;
@@ -225,10 +232,11 @@ bool Replayer::run(uint64_t max_packets, Status* st) {
         if (!best) break;
         if (b.count && best->port != b.pkts[0]->md.in_port) break;  // one input port per batch (process_buffers)
         const PcapRecord& r = best->head;
-        if (r.caplen > Packet::capacity()) {
+        if (r.caplen > Packet::max_capacity()) {
           count_oversize(w, best->port, r.caplen);
         } else {
-          Packet* p = w.pool().get();
+          Packet* p = w.pool().get_for(r.caplen);
+          if (!p) break;  // every big buffer is in this batch: the rest waits for the next
           copy_frame(p->data(), r.data, r.caplen);
           p->len = static_cast<uint16_t>(r.caplen);
           p->md.in_port = best->port;

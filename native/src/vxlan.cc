@@ -38,7 +38,7 @@ bool Worker::tnl_push(Packet* p, const Flow& key, const DpAction& act) {
     return false;
   }
   if (p->data_off < hdr) {  // headroom used up (nested encapsulation): re-centre the frame
-    if (kHeadroom + p->len > sizeof(p->buf)) {
+    if (kHeadroom + p->len > p->buf_size()) {
       drop(p, DROP_OVERSIZE);
       return false;
     }

@@ -42,9 +42,9 @@ void Worker::sync_version() {
   version_ = v;
   size_t n_tenants = 0;
   dp_->port_flags(&is_tunnel_, &n_tenants);
-  if (ports.size() < is_tunnel_.size()) ports.resize(is_tunnel_.size());
+  ports.grow(is_tunnel_.size());
   if (tx_.size() < is_tunnel_.size()) tx_.resize(is_tunnel_.size());
-  if (tenants.size() < n_tenants + 1) tenants.resize(n_tenants + 1);
+  tenants.grow(n_tenants + 1);
   dp_->tunnel_terms(&tnl_terms_);
   is_underlay_.assign(is_tunnel_.size(), 0);
   for (const TunnelTerm& t : tnl_terms_)
@@ -54,6 +54,11 @@ void Worker::sync_version() {
 void Worker::flush_caches() {
   emc_.clear();
   dpcls_.clear();
+}
+
+void Worker::housekeeping() {
+  push_stats();
+  ctw_->sweep(dp_->conntrack().now(dp_->now_ns()), 1024);
 }
 
 void Worker::push_stats() {
@@ -354,17 +359,19 @@ void Worker::flush_tx(bool sort) {
       return a->origin != b->origin ? a->origin < b->origin : a->emit_seq < b->emit_seq;
     };
     if (sort && !std::is_sorted(q.begin(), q.end(), by_origin)) std::sort(q.begin(), q.end(), by_origin);
-    if (sink_) sink_->send(port, q.data(), static_cast<uint32_t>(q.size()));
+    const uint32_t n = static_cast<uint32_t>(q.size());
+    const uint32_t sent = sink_ ? sink_->send(port, q.data(), n) : n;
     pmd.tx_batches++;
-    pmd.tx_packets += q.size();
+    pmd.tx_packets += sent;
     uint64_t bytes = 0;
-    for (Packet* p : q) {
-      bytes += p->len;
-      pool_.put(p);
+    for (uint32_t i = 0; i < n; i++) {
+      if (i < sent) bytes += q[i]->len;
+      pool_.put(q[i]);
     }
     PortCounters& pc = ports[port];
-    pc.tx_packets += q.size();
+    pc.tx_packets += sent;
     pc.tx_bytes += bytes;
+    pc.tx_dropped += n - sent;
     q.clear();
   }
   tx_ports_.clear();

@@ -20,6 +20,10 @@
 // with `mu` held; the control thread takes `mu` to read counters and caches.
 #pragma once
 
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -49,9 +53,13 @@ class TraceRecorder {
 class PortSink {
  public:
   virtual ~PortSink() = default;
-  // Copies out what it needs; the packets return to the pool afterwards.
-  virtual void send(uint32_t port, Packet* const* pkts, uint32_t n) = 0;
+  // Copies out what it needs and returns how many of the n went out (the
+  // rest count as tx_dropped); the packets return to the pool afterwards.
+  virtual uint32_t send(uint32_t port, Packet* const* pkts, uint32_t n) = 0;
 };
+
+// A counter as another thread sees it (its owner writes it with plain stores).
+inline uint64_t relaxed(const uint64_t& c) { return __atomic_load_n(&c, __ATOMIC_RELAXED); }
 
 // Packets and bytes in and out, and drops by reason: per tenant, and (with the
 // parse counters) per port. The members come from counters.def.
@@ -61,10 +69,10 @@ struct TrafficCounters {
 #undef DPU_TRAFFIC_COUNTER
   uint64_t drops[DROP_COUNT] = {};
   void add(const TrafficCounters& o) {
-#define DPU_TRAFFIC_COUNTER(m, h) m += o.m;
+#define DPU_TRAFFIC_COUNTER(m, h) m += relaxed(o.m);
 #include "dpu/counters.def"
 #undef DPU_TRAFFIC_COUNTER
-    for (int r = 0; r < DROP_COUNT; r++) drops[r] += o.drops[r];
+    for (int r = 0; r < DROP_COUNT; r++) drops[r] += relaxed(o.drops[r]);
   }
 };
 
@@ -74,13 +82,49 @@ struct PortCounters : TrafficCounters {
 #undef DPU_PORT_COUNTER
   void add(const PortCounters& o) {
     TrafficCounters::add(o);
-#define DPU_PORT_COUNTER(m, h) m += o.m;
+#define DPU_PORT_COUNTER(m, h) m += relaxed(o.m);
 #include "dpu/counters.def"
 #undef DPU_PORT_COUNTER
   }
 };
 
 using TenantCounters = TrafficCounters;
+
+constexpr uint32_t kMaxOfport = 0xfeff;   // OpenFlow's last physical port number (OFPP_MAX - 1)
+constexpr uint32_t kMaxTenantSlots = 0x10000;  // a packet's tenant index is 16 bits
+
+// A worker's counters by port or tenant, readable from any thread without
+// the worker's lock: the whole capacity is reserved up front (address space
+// only: pages appear when first written), so growing never moves an element,
+// and the size is published after the new elements are constructed. The
+// owner writes plain stores; readers load each field relaxed (add() below).
+template <class T>
+class CounterArray {
+ public:
+  explicit CounterArray(size_t cap) : cap_(cap) {
+    void* m = mmap(nullptr, cap * sizeof(T), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) throw std::bad_alloc();
+    v_ = static_cast<T*>(m);
+  }
+  ~CounterArray() { munmap(v_, cap_ * sizeof(T)); }
+  CounterArray(const CounterArray&) = delete;
+  CounterArray& operator=(const CounterArray&) = delete;
+  // Owner only.
+  void grow(size_t n) {
+    n = std::min(n, cap_);
+    size_t cur = n_.load(std::memory_order_relaxed);
+    for (size_t i = cur; i < n; i++) new (&v_[i]) T();
+    if (n > cur) n_.store(n, std::memory_order_release);
+  }
+  T& operator[](size_t i) { return v_[i]; }
+  const T& operator[](size_t i) const { return v_[i]; }
+  size_t size() const { return n_.load(std::memory_order_acquire); }
+
+ private:
+  T* v_;
+  size_t cap_;
+  std::atomic<size_t> n_{0};
+};
 
 enum Stage : uint8_t {
   STAGE_PARSE, STAGE_EMC, STAGE_MEGAFLOW, STAGE_UPCALL, STAGE_EXECUTE, STAGE_TX, STAGE_CONNTRACK, STAGE_COUNT
@@ -93,10 +137,10 @@ struct PmdCounters {
 #undef DPU_WORKER_COUNTER
   uint64_t cycles[STAGE_COUNT] = {};
   void add(const PmdCounters& o) {
-#define DPU_WORKER_COUNTER(m, n, h) m += o.m;
+#define DPU_WORKER_COUNTER(m, n, h) m += relaxed(o.m);
 #include "dpu/counters.def"
 #undef DPU_WORKER_COUNTER
-    for (int i = 0; i < STAGE_COUNT; i++) cycles[i] += o.cycles[i];
+    for (int i = 0; i < STAGE_COUNT; i++) cycles[i] += relaxed(o.cycles[i]);
   }
 };
 
@@ -127,13 +171,17 @@ class Worker {
 
   // Control side (caller holds mu).
   void push_stats();               // credit megaflow deltas to rules/tables/groups
+  // Between batches of a long-running worker (live mode): counts reach the
+  // rules and a slice of conntrack expiry runs even when no packet arrives.
+  void housekeeping();
   void flush_caches();
-  size_t megaflow_count() const { return dpcls_.size(); }
+  size_t megaflow_count() const { return __atomic_load_n(&dpcls_.size_ref(), __ATOMIC_RELAXED); }
   Dpcls& dpcls() { return dpcls_; }
 
   std::mutex mu;
-  std::vector<PortCounters> ports;      // by ofport
-  std::vector<TenantCounters> tenants;  // by tenant index
+  // Counters: written by this worker only, read from any thread without mu.
+  CounterArray<PortCounters> ports{kMaxOfport + 1};      // by ofport
+  CounterArray<TenantCounters> tenants{kMaxTenantSlots};  // by tenant index
   PmdCounters pmd;
 
  private:

@@ -327,6 +327,11 @@ void XlateCtx::tunnel_output(const PortInfo& p) {
     event(TraceEvent::NOTE, "output to " + p.name + " without a tunnel destination (tun_dst): ignored");
     return;
   }
+  if (!bytes_nonzero(t.nexthop_mac, 6)) {  // live mode: ARP has not answered yet
+    event(TraceEvent::NOTE, "output to " + p.name + ": the underlay next hop is not resolved yet");
+    reason_ = DROP_NEXTHOP_UNRESOLVED;
+    return;
+  }
   auto th = std::make_unique<TnlHeader>();
   th->ipv6 = t.ipv6;
   th->mtu = t.mtu;

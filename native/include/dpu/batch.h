@@ -1,8 +1,11 @@
 // batch.h: the packet buffer, its metadata, and the batch (one type, defined once).
 //
 // A Packet is metadata plus a 2 KiB buffer with 128 bytes of headroom
-// so tunnel encapsulation can prepend headers without moving the frame. A Batch
-// holds up to kBatchMax packet pointers; every stage takes a whole batch.
+// so tunnel encapsulation can prepend headers without moving the frame; a big
+// packet (jumbo frames, up to kMaxFrame bytes) is the same header followed by
+// a 10 KiB buffer, from a pool of its own, so the 64-byte path pays nothing
+// for it. A Batch holds up to kBatchMax packet pointers; every stage takes a
+// whole batch.
 // Packets come from a PacketPool owned by one worker (or one API call); they are
 // never shared between threads while in flight.
 //
@@ -11,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -22,7 +26,8 @@ namespace dpu {
 
 constexpr uint32_t kBatchMax = 256;
 constexpr uint32_t kHeadroom = 128;
-constexpr uint32_t kPacketBlock = 2048;
+constexpr uint32_t kPacketBlock = 2048;   // small packets: frames up to 1,920 bytes
+constexpr uint32_t kBigBlock = 10240;     // big packets: frames up to 10,112 bytes (9,216-byte jumbo frames and more)
 
 // Offsets filled by the parser; kNoOffset when the layer is absent/truncated.
 constexpr uint16_t kNoOffset = 0xffff;
@@ -36,10 +41,11 @@ struct PacketMeta {
   uint32_t in_port = 0;       // current pass (a tunnel port after decap)
   uint32_t recirc_id = 0;
   uint32_t tun_src = 0, tun_dst = 0;
-  uint32_t ct_state = 0, ct_mark = 0;
+  uint32_t ct_mark = 0;
   uint16_t tun_flags = 0;     // kTunPresent | kTunIpv6
   uint16_t ct_zone = 0;
   uint16_t tenant = 0;        // index into tenant counters, 0 = none yet
+  uint8_t ct_state = 0;       // kCs* bits
 };
 
 struct TunnelIpv6 {
@@ -67,7 +73,9 @@ struct alignas(64) Packet {
   uint16_t len = 0;               // frame length
   uint16_t l3_ofs = kNoOffset;    // from frame start
   uint16_t l4_ofs = kNoOffset;
-  uint32_t origin = 0;            // index (in its input batch) of the arrival it descends from
+  uint16_t origin = 0;            // index (in its input batch) of the arrival it descends from
+  uint8_t big = 0;                // a big packet (kBigBlock buffer); set by the pool, kept across reset
+  uint8_t pad_ = 0;
   uint32_t emit_seq = 0;          // order in which the batch emitted it (output order across ports)
   alignas(64) TunnelIpv6 tun6;
   alignas(64) CtPacketMeta ct;
@@ -75,7 +83,10 @@ struct alignas(64) Packet {
 
   uint8_t* data() { return buf + data_off; }
   const uint8_t* data() const { return buf + data_off; }
-  static constexpr uint32_t capacity() { return sizeof(buf) - kHeadroom; }
+  // Frame bytes a small packet holds after the headroom; a big one; this one.
+  static constexpr uint32_t capacity() { return kPacketBlock - kHeadroom; }
+  static constexpr uint32_t max_capacity() { return kBigBlock - kHeadroom; }
+  uint32_t buf_size() const { return big ? kBigBlock : kPacketBlock; }
   void reset() {
     zero_fixed<sizeof(PacketMeta)>(&md);
     data_off = kHeadroom;
@@ -86,6 +97,13 @@ struct alignas(64) Packet {
 };
 
 static_assert(sizeof(PacketMeta) + 16 <= 64, "metadata and offsets share one cache line");
+
+// A big packet: the same header, the buffer going on past kPacketBlock.
+struct alignas(64) BigPacket {
+  Packet p;
+  uint8_t more[kBigBlock - kPacketBlock];
+};
+static_assert(offsetof(BigPacket, more) == offsetof(Packet, buf) + kPacketBlock, "the big buffer is contiguous");
 
 static_assert(offsetof(Packet, buf) % 64 == 0, "frame data must stay cache-line aligned");
 static_assert(offsetof(Packet, tun6) == 64, "hot header fits the first line");
@@ -98,27 +116,30 @@ struct Batch {
   void clear() { count = 0; }
 };
 
-// A fixed arena of packets with a LIFO free list (warm buffers are reused
-// first). Not thread-safe: one pool per worker.
+// Fixed arenas of small and big packets with LIFO free lists (warm buffers
+// are reused first). Not thread-safe: one pool per worker.
 class PacketPool {
  public:
-  explicit PacketPool(uint32_t n) : arena_(n), n_(n) {
+  explicit PacketPool(uint32_t n, uint32_t n_big = 0) : arena_(n), big_(n_big ? n_big : std::max<uint32_t>(n / 16, 16)), n_(n) {
     free_.reserve(n);
     for (uint32_t i = n; i-- > 0;) free_.push_back(&arena_[i]);
+    free_big_.reserve(big_size());
+    for (uint32_t i = big_size(); i-- > 0;) {
+      big_[i].p.big = 1;
+      free_big_.push_back(&big_[i].p);
+    }
   }
-  Packet* get() {
-    if (free_.empty()) return nullptr;
-    Packet* p = free_.back();
-    free_.pop_back();
-    p->reset();
-    return p;
-  }
-  void put(Packet* p) { free_.push_back(p); }
+  Packet* get() { return take(free_); }
+  Packet* get_big() { return take(free_big_); }
+  // A packet that can hold `len` frame bytes, or nullptr.
+  Packet* get_for(uint32_t len) { return len <= Packet::capacity() ? get() : get_big(); }
+  void put(Packet* p) { (p->big ? free_big_ : free_).push_back(p); }
   uint32_t available() const { return static_cast<uint32_t>(free_.size()); }
   uint32_t size() const { return n_; }
+  uint32_t big_size() const { return static_cast<uint32_t>(big_.size()); }
   // Copy of p (metadata and frame) or nullptr when the pool is empty.
   Packet* clone(const Packet* p) {
-    Packet* c = get();
+    Packet* c = p->big ? get_big() : get();
     if (!c) return nullptr;
     c->md = p->md;
     if (p->md.tun_flags & kTunIpv6) c->tun6 = p->tun6;
@@ -134,8 +155,17 @@ class PacketPool {
 
  private:
   HugeArray<Packet> arena_;
+  HugeArray<BigPacket> big_;
   uint32_t n_;
-  std::vector<Packet*> free_;
+  std::vector<Packet*> free_, free_big_;
+
+  static Packet* take(std::vector<Packet*>& list) {
+    if (list.empty()) return nullptr;
+    Packet* p = list.back();
+    list.pop_back();
+    p->reset();
+    return p;
+  }
 };
 
 }  // namespace dpu

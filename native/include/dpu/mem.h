@@ -89,6 +89,7 @@ struct HugeArray {
   HugeArray(const HugeArray&) = delete;
   HugeArray& operator=(const HugeArray&) = delete;
   T& operator[](size_t i) { return p_[i]; }
+  size_t size() const { return n_; }
   const T& operator[](size_t i) const { return p_[i]; }
 
  private:

@@ -6,12 +6,6 @@
 namespace dpu {
 namespace {
 
-inline uint32_t load32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
 bool icmp4_is_error(uint8_t t) { return t == 3 || t == 4 || t == 5 || t == 11 || t == 12; }
 bool icmp4_is_query(uint8_t t) { return t == 0 || t == 8 || t == 13 || t == 14; }
 bool icmp6_is_error(uint8_t t) { return t >= 1 && t <= 4; }

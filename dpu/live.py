@@ -1,0 +1,386 @@
+"""``dpu run``: the dataplane attached to Linux interfaces.
+
+An :class:`Instance` is everything a running dpu is: the :class:`Dataplane`
+(one API worker plus ``workers`` forwarding workers), the native live runner
+(worker threads over AF_PACKET or AF_XDP queues, no GIL), the control socket
+(:mod:`dpu.control`), the Prometheus endpoint (:mod:`dpu.metrics`) and the
+next-hop resolver (:mod:`dpu.arp`).
+
+``open()`` does everything that can fail (topology, ports, interfaces,
+permissions, the socket and the metrics address) before any packet moves:
+a problem is one line naming it, and nothing is left behind. ``start()``
+starts the workers; ``stop()`` stops them and removes the socket.
+
+Changes made while running (flows, reloads, resolved next hops) are
+serialised by one lock and each is one atomic transaction: the workers
+finish the batch in hand and continue with the new tables.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .dataplane import Dataplane, read_flows_file
+from .errors import DpuError, LiveError
+
+DEFAULT_CTL = "/run/dpu/dpu.ctl"
+IO_BACKENDS = ("afpacket", "afxdp")
+CAP_NET_RAW = 13
+IFF_UP = 0x1
+
+
+@dataclass
+class LiveOptions:
+    ports: List[Tuple[str, str]]                 # (port name, interface), as given
+    config: Optional[str] = None                 # topology file
+    flows: Optional[str] = None                  # extra flows file
+    workers: int = 1
+    io: str = "afpacket"
+    ctl: Optional[str] = DEFAULT_CTL             # None: no control socket
+    metrics: Optional[str] = None                # "host:port"
+    burst: int = 32
+    arp_refresh_s: float = 30.0
+
+
+def parse_port_args(values: Sequence[str]) -> List[Tuple[str, str]]:
+    """``NAME=IFACE`` pairs; a port or an interface given twice is an error."""
+    out: List[Tuple[str, str]] = []
+    names: Dict[str, str] = {}
+    ifaces: Dict[str, str] = {}
+    for v in values:
+        if "=" not in v or not v.split("=", 1)[0] or not v.split("=", 1)[1]:
+            raise LiveError(f"--port takes NAME=INTERFACE, got '{v}'")
+        name, ifname = v.split("=", 1)
+        if name in names:
+            raise LiveError(f"port {name} is given twice (--port {name}={names[name]} and --port {v})")
+        if ifname in ifaces:
+            raise LiveError(f"interface {ifname} is given twice (ports {ifaces[ifname]} and {name})")
+        if len(ifname) > 15 or "/" in ifname or ifname in (".", ".."):
+            raise LiveError(f"--port {v}: '{ifname}' is not an interface name")
+        names[name] = ifname
+        ifaces[ifname] = name
+        out.append((name, ifname))
+    if not out:
+        raise LiveError("dpu run needs at least one --port NAME=INTERFACE")
+    return out
+
+
+def _has_cap(bit: int) -> bool:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> bit & 1)
+    except OSError:
+        pass
+    return os.geteuid() == 0
+
+
+def check_interface(name: str, ifname: str) -> Optional[str]:
+    """Raises LiveError for a missing or down interface; returns a warning
+    (no carrier) or None."""
+    base = f"/sys/class/net/{ifname}"
+    if not os.path.isdir(base):
+        raise LiveError(f"port {name}: no interface named {ifname}")
+    try:
+        with open(f"{base}/flags") as f:
+            flags = int(f.read().strip(), 16)
+    except (OSError, ValueError):
+        flags = IFF_UP
+    if not flags & IFF_UP:
+        raise LiveError(f"port {name}: interface {ifname} is down (ip link set {ifname} up)")
+    try:
+        with open(f"{base}/operstate") as f:
+            oper = f.read().strip()
+    except OSError:
+        oper = "unknown"
+    if oper in ("down", "lowerlayerdown"):
+        return f"port {name}: interface {ifname} has no carrier yet ({oper}); traffic starts when it has"
+    return None
+
+
+def parse_metrics_addr(text: str) -> Tuple[str, int]:
+    """``[host:]port`` (host defaults to 127.0.0.1; ``[v6]:port`` for IPv6)."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", text
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        p = int(port)
+    except ValueError:
+        raise LiveError(f"--metrics takes HOST:PORT, got '{text}'") from None
+    if not 1 <= p <= 65535:
+        raise LiveError(f"--metrics: port {p} is out of range (1-65535)")
+    return host, p
+
+
+class Instance:
+    """A running dpu (see the module docstring)."""
+
+    def __init__(self, opts: LiveOptions) -> None:
+        self.opts = opts
+        self.dp: Optional[Dataplane] = None
+        self.runner = None
+        self.lock = threading.RLock()          # one change at a time
+        self.topology = None                   # as read from the file, next hops unresolved
+        self.resolved: Dict[str, str] = {}     # "uplink"/"internet" -> MAC the resolver found
+        self.control = None
+        self.metrics = None
+        self.resolver = None
+        self.warnings: List[str] = []
+        self.started_at = 0.0
+        self.attached: Dict[str, str] = {}     # port name -> interface
+        self._stop = threading.Event()
+
+    # ---- before anything runs ------------------------------------------------------
+    def open(self) -> None:
+        o = self.opts
+        if o.io not in IO_BACKENDS:
+            raise LiveError(f"--io must be one of {', '.join(IO_BACKENDS)}, got '{o.io}'")
+        if not 1 <= o.workers <= 63:
+            raise LiveError(f"--workers must be 1..63, got {o.workers}")
+        if not o.config and not o.flows:
+            raise LiveError("dpu run needs --config and/or --flows")
+        dp = Dataplane(workers=o.workers + 1)  # worker 0 serves API calls; 1..N forward
+        if o.config:
+            from .topology import load_topology
+
+            self.topology = load_topology(o.config)
+            dp.load_topology(self.topology, flows=self._extra_flows())
+            known = set(dp.ports)
+            for name, ifname in o.ports:
+                if name not in known:
+                    raise LiveError(f"--port {name}={ifname}: the topology has no port {name} "
+                                    f"(its ports: {', '.join(sorted(p for p in known if p != 'vxlan0'))})")
+        else:
+            with dp.transaction() as t:
+                for name, _ in o.ports:
+                    t.add_port(name)
+            dp.load_flows(o.flows)
+        for name, ifname in o.ports:
+            w = check_interface(name, ifname)
+            if w:
+                self.warnings.append(w)
+        if not _has_cap(CAP_NET_RAW):
+            raise LiveError("dpu run needs root or CAP_NET_RAW to open its interfaces")
+        for p in dp.port_info():
+            if not p.get("tunnel") and p["name"] not in dict(o.ports):
+                self.warnings.append(f"port {p['name']} has no interface: what it would send is counted as tx_dropped")
+        self.dp = dp
+        self.attached = dict(o.ports)
+        ports = [(dp.port_number(name), ifname) for name, ifname in o.ports]
+        self.runner = dp._core.live(ports, io=o.io, burst=o.burst, first_worker=1)
+        try:
+            if o.ctl:
+                from .control import ControlServer
+
+                self.control = ControlServer(o.ctl, self)
+            if o.metrics:
+                from .metrics import MetricsServer
+
+                self.metrics = MetricsServer(*parse_metrics_addr(o.metrics), self)
+            from .arp import Resolver
+
+            self.resolver = Resolver.for_topology(self)
+        except Exception:
+            self.close()
+            raise
+
+    def _extra_flows(self) -> Optional[List[str]]:
+        if not self.opts.flows:
+            return None
+        return [text for _, text in read_flows_file(self.opts.flows)]
+
+    # ---- running --------------------------------------------------------------------
+    def start(self) -> None:
+        self.runner.start()  # opens every queue first: an error leaves nothing running
+        self.started_at = time.monotonic()
+        if self.control:
+            self.control.start()
+        if self.metrics:
+            self.metrics.start()
+        if self.resolver:
+            self.resolver.start()
+
+    def stop(self) -> None:
+        if self.runner is not None and self.runner.running:
+            self.runner.stop()
+        self.close()
+
+    def close(self) -> None:
+        for part in (self.resolver, self.control, self.metrics):
+            if part is not None:
+                part.close()
+        self.resolver = self.control = self.metrics = None
+
+    def wait(self) -> int:
+        """Forwards until SIGINT or SIGTERM; returns the signal number."""
+        got = []
+
+        def on_signal(signum, _frame):
+            got.append(signum)
+            self._stop.set()
+
+        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while not self._stop.wait(0.5):
+                pass
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+        return got[0] if got else 0
+
+    # ---- changes while running --------------------------------------------------------
+    def effective_topology(self):
+        """The file's topology with the next hops the resolver has found."""
+        topo = copy.copy(self.topology)
+        if "uplink" in self.resolved and topo.uplink.nexthop_mac is None:
+            topo.uplink = copy.copy(topo.uplink)
+            topo.uplink.nexthop_mac = self.resolved["uplink"]
+        if "internet" in self.resolved and topo.internet is not None and topo.internet.nexthop_mac is None:
+            topo.internet = copy.copy(topo.internet)
+            topo.internet.nexthop_mac = self.resolved["internet"]
+        return topo
+
+    def reload(self) -> dict:
+        """Reads the topology (and extra flows) file again and applies it in one
+        transaction; with flows alone, replaces every flow and group with the file's."""
+        with self.lock:
+            if self.opts.config:
+                from .topology import load_topology
+
+                topo = load_topology(self.opts.config)
+                attached = set(self.attached)
+                old = self.topology
+                self.topology = topo
+                try:
+                    res = self.dp.load_topology(self.effective_topology(), flows=self._extra_flows())
+                except DpuError:
+                    self.topology = old
+                    raise
+                missing = sorted(attached - set(self.dp.ports))
+                if self.resolver:
+                    self.resolver.retarget()
+                out = dict(res)
+                if missing:
+                    out["detached"] = missing
+                return out
+            numbered = read_flows_file(self.opts.flows)
+            t = self.dp.transaction()
+            t.del_flows("")
+            t.del_groups("")
+            for _, f in numbered:
+                if f.startswith("group_id="):
+                    t.add_group(f)
+            for _, f in numbered:
+                if not f.startswith("group_id="):
+                    t.add_flow(f)
+            return t.commit()
+
+    def set_resolved(self, which: str, mac: Optional[str]) -> None:
+        """The resolver found (or lost) a next hop: recompile with it."""
+        with self.lock:
+            if self.resolved.get(which) == mac:
+                return
+            if mac is None:
+                self.resolved.pop(which, None)
+            else:
+                self.resolved[which] = mac
+            self.dp.load_topology(self.effective_topology(), flows=self._extra_flows())
+
+    # ---- what is running ----------------------------------------------------------------
+    def show(self) -> dict:
+        ports = []
+        for p in self.dp.port_info():
+            ports.append({"name": p["name"], "ofport": p["ofport"], "interface": self.attached.get(p["name"]),
+                          "tunnel": bool(p.get("tunnel"))})
+        return {
+            "pid": os.getpid(),
+            "io": self.opts.io,
+            "workers": self.opts.workers,
+            "uptime": round(time.monotonic() - self.started_at, 3) if self.started_at else 0.0,
+            "config": self.opts.config,
+            "flows": self.opts.flows,
+            "ports": ports,
+            "nexthops": self.resolver.status() if self.resolver else {},
+        }
+
+    def interface_stats(self) -> List[dict]:
+        return list(self.runner.queue_stats()) if self.runner is not None else []
+
+    def final_report(self) -> str:
+        from .report import counter_tables, tenant_zones
+
+        st = self.dp.stats()
+        lines = [counter_tables(st, zones=tenant_zones(self.dp))]
+        lines.append("\nInterfaces:")
+        from .report import table
+
+        rows = []
+        names = {v: k for k, v in self.dp.ports.items()}
+        for q in self.interface_stats():
+            rows.append([names.get(q["ofport"], q["ofport"]), q["ifname"], q["rx_ring_drops"], q["rx_truncated"],
+                         q["tx_refused"]])
+        lines.append(table(rows, ["port", "interface", "rx_ring_drops", "rx_too_long", "tx_refused"]))
+        secs = time.monotonic() - self.started_at if self.started_at else 0.0
+        p = st["pmd"]
+        rate = p["packets"] / secs / 1e6 if secs > 0 else 0.0
+        lines.append(f"\nRan {secs:.1f}s with {self.opts.workers} worker(s) on {self.opts.io}: "
+                     f"{p['packets']:,} packets ({rate:.3f} Mpps average)")
+        return "\n".join(lines)
+
+
+def run(opts: LiveOptions, out=None) -> int:
+    """``dpu run``: open, start, forward until a signal, stop, print the counters."""
+    import sys
+
+    out = out or sys.stdout
+    inst = Instance(opts)
+    inst.open()
+    for w in inst.warnings:
+        print(f"dpu: warning: {w}", file=sys.stderr)
+    try:
+        inst.start()
+    except DpuError as e:
+        inst.close()
+        raise LiveError(str(e)) from None
+    names = ", ".join(f"{n}={i}" for n, i in opts.ports)
+    extra = []
+    if inst.control:
+        extra.append(f"control {opts.ctl}")
+    if inst.metrics:
+        extra.append(f"metrics http://{inst.metrics.address}/metrics")
+    print(f"dpu: forwarding on {names} with {opts.workers} worker(s), {opts.io}"
+          + (f"; {', '.join(extra)}" if extra else "") + " (SIGINT or SIGTERM stops)", file=sys.stderr, flush=True)
+    try:
+        inst.wait()
+    finally:
+        inst.stop()
+    print(inst.final_report(), file=out, flush=True)
+    return 0
+
+
+def socket_path_ok(path: str) -> None:
+    """Refuses a control socket path where another dpu answers; removes a stale one."""
+    if os.path.exists(path):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+        except OSError:
+            try:
+                os.unlink(path)  # stale: whoever made it is gone
+            except OSError as e:
+                raise LiveError(f"--ctl {path}: cannot remove the stale socket: {e.strerror}") from None
+        else:
+            raise LiveError(f"--ctl {path}: another dpu is running there (stop it, or choose another --ctl)")
+        finally:
+            s.close()
+
+
+__all__ = ["DEFAULT_CTL", "Instance", "LiveOptions", "parse_port_args", "run"]

@@ -1,0 +1,175 @@
+"""Prometheus exposition for a running dpu (``dpu run --metrics HOST:PORT``).
+
+A collector reads the counters at scrape time, without taking any worker's
+lock (``Dataplane.stats(sync=False)``): a scrape never stalls forwarding.
+Counters are ``_total``; label names follow the objects (port, interface,
+tenant, reason, zone, worker, cache, table).
+
+  dpu_port_{rx,tx}_{packets,bytes}_total{port}, dpu_port_dropped_total{port},
+  dpu_port_tx_dropped_total{port}, dpu_port_rx_{truncated,malformed,unknown}_total{port},
+  dpu_port_drops_total{port,reason}
+  dpu_tenant_{rx,tx}_{packets,bytes}_total{tenant}, dpu_tenant_drops_total{tenant,reason}
+  dpu_drops_total{reason}
+  dpu_cache_hits_total{cache="emc"|"megaflow"}, dpu_cache_misses_total (upcalls), dpu_megaflows
+  dpu_table_lookups_total{table}, dpu_table_matches_total{table}
+  dpu_conntrack_connections{zone}, dpu_conntrack_connections_all, dpu_nat_mappings
+  dpu_worker_packets_total{worker}, dpu_worker_batches_total{worker},
+  dpu_worker_{busy,idle}_seconds_total{worker}, dpu_worker_busy_ratio{worker},
+  dpu_worker_packets_per_batch{worker}
+  dpu_interface_{rx_ring_drops,rx_too_long,tx_refused}_total{port,interface}
+  dpu_nexthop_resolved{nexthop,ip}
+
+Workers are numbered as the dataplane numbers them: worker 0 serves API calls
+(trace, control), 1..N forward. busy_ratio and packets_per_batch are over the
+interval since the previous scrape (the first scrape: since start).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Dict, Iterator, Tuple
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import CollectorRegistry
+
+from .errors import LiveError
+
+PORT_COUNTERS = ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "dropped", "tx_dropped", "rx_truncated",
+                 "rx_malformed", "rx_unknown")
+TENANT_COUNTERS = ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "dropped")
+
+
+class Collector:
+    def __init__(self, inst) -> None:
+        self.inst = inst
+        self._last: Dict[int, Tuple[int, int, int, int]] = {}  # worker -> busy, idle, packets, batches
+        self._mu = threading.Lock()
+
+    def collect(self) -> Iterator:
+        inst = self.inst
+        st = inst.dp.stats(sync=False)
+
+        fams = {}
+        for c in PORT_COUNTERS:
+            fams[c] = CounterMetricFamily(f"dpu_port_{c}", f"per port: {c.replace('_', ' ')}", labels=["port"])
+        drops = CounterMetricFamily("dpu_port_drops", "per port: received packets dropped, by reason",
+                                    labels=["port", "reason"])
+        total_drops: Dict[str, int] = {}
+        for name, c in st["ports"].items():
+            for k in PORT_COUNTERS:
+                fams[k].add_metric([name], c.get(k, 0))
+            for r, v in c["drops"].items():
+                drops.add_metric([name, r], v)
+                total_drops[r] = total_drops.get(r, 0) + v
+        yield from fams.values()
+        yield drops
+        d = CounterMetricFamily("dpu_drops", "received packets dropped, by reason (all ports)", labels=["reason"])
+        for r, v in sorted(total_drops.items()):
+            d.add_metric([r], v)
+        yield d
+
+        tf = {c: CounterMetricFamily(f"dpu_tenant_{c}", f"per tenant: {c.replace('_', ' ')}", labels=["tenant"])
+              for c in TENANT_COUNTERS}
+        td = CounterMetricFamily("dpu_tenant_drops", "per tenant: packets dropped, by reason",
+                                 labels=["tenant", "reason"])
+        for name, c in st["tenants"].items():
+            for k in TENANT_COUNTERS:
+                tf[k].add_metric([name], c.get(k, 0))
+            for r, v in c["drops"].items():
+                td.add_metric([name, r], v)
+        yield from tf.values()
+        yield td
+
+        p = st["pmd"]
+        hits = CounterMetricFamily("dpu_cache_hits", "lookups answered by a cache", labels=["cache"])
+        hits.add_metric(["emc"], p["emc_hits"])
+        hits.add_metric(["megaflow"], p["megaflow_hits"])
+        yield hits
+        yield CounterMetricFamily("dpu_cache_misses", "lookups no cache answered (upcalls)", value=p["upcalls"])
+        yield GaugeMetricFamily("dpu_megaflows", "megaflows installed (all workers)", value=p["megaflows"])
+
+        lk = CounterMetricFamily("dpu_table_lookups", "OpenFlow table lookups (slow path)", labels=["table"])
+        mt = CounterMetricFamily("dpu_table_matches", "OpenFlow table lookups that matched", labels=["table"])
+        for t in st["tables"]:
+            lk.add_metric([str(t["table"])], t["lookups"])
+            mt.add_metric([str(t["table"])], t["matches"])
+        yield lk
+        yield mt
+
+        ct = st["conntrack"]
+        z = GaugeMetricFamily("dpu_conntrack_connections", "tracked connections, per zone", labels=["zone"])
+        for zone, n in sorted(ct["zones"].items()):
+            z.add_metric([str(zone)], n)
+        yield z
+        yield GaugeMetricFamily("dpu_conntrack_connections_all", "tracked connections", value=ct["connections"])
+        yield GaugeMetricFamily("dpu_nat_mappings", "NAT mappings (public address and port in use)",
+                                value=ct["nat_mappings"])
+
+        wp = CounterMetricFamily("dpu_worker_packets", "packets a worker received", labels=["worker"])
+        wb = CounterMetricFamily("dpu_worker_batches", "batches a worker processed", labels=["worker"])
+        busy = CounterMetricFamily("dpu_worker_busy_seconds", "time a worker spent on rounds that received packets",
+                                   labels=["worker"])
+        idle = CounterMetricFamily("dpu_worker_idle_seconds", "time a worker spent waiting for packets",
+                                   labels=["worker"])
+        ratio = GaugeMetricFamily("dpu_worker_busy_ratio", "busy / (busy + idle) since the previous scrape",
+                                  labels=["worker"])
+        ppb = GaugeMetricFamily("dpu_worker_packets_per_batch", "packets per batch since the previous scrape",
+                                labels=["worker"])
+        with self._mu:
+            for i, w in enumerate(st["workers"]):
+                cur = (w["busy_ns"], w["idle_ns"], w["packets"], w["batches"])
+                prev = self._last.get(i, (0, 0, 0, 0))
+                self._last[i] = cur
+                db, di, dpk, dbt = (a - b for a, b in zip(cur, prev))
+                lbl = [str(i)]
+                wp.add_metric(lbl, cur[2])
+                wb.add_metric(lbl, cur[3])
+                busy.add_metric(lbl, cur[0] / 1e9)
+                idle.add_metric(lbl, cur[1] / 1e9)
+                ratio.add_metric(lbl, db / (db + di) if db + di > 0 else 0.0)
+                ppb.add_metric(lbl, dpk / dbt if dbt > 0 else 0.0)
+        yield from (wp, wb, busy, idle, ratio, ppb)
+
+        names = {v: k for k, v in inst.dp.ports.items()}
+        qf = {k: CounterMetricFamily(f"dpu_interface_{m}", h, labels=["port", "interface"]) for k, m, h in (
+            ("rx_ring_drops", "rx_ring_drops", "frames the kernel could not put in a full receive ring"),
+            ("rx_truncated", "rx_too_long", "frames longer than a packet buffer, not received"),
+            ("tx_refused", "tx_refused", "frames the interface did not take (down, queue full)"))}
+        for q in inst.interface_stats():
+            lbl = [names.get(q["ofport"], str(q["ofport"])), q["ifname"]]
+            for k, fam in qf.items():
+                fam.add_metric(lbl, q[k])
+        yield from qf.values()
+
+        if inst.resolver:
+            nh = GaugeMetricFamily("dpu_nexthop_resolved", "1 when the next hop's MAC address is known",
+                                   labels=["nexthop", "ip"])
+            for name, s in inst.resolver.status().items():
+                nh.add_metric([name, s["ip"]], 1 if s["mac"] else 0)
+            yield nh
+
+
+class MetricsServer:
+    """The HTTP endpoint (prometheus_client's), bound at construction."""
+
+    def __init__(self, host: str, port: int, inst) -> None:
+        from prometheus_client import start_http_server
+
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(Collector(inst))
+        self._host, self._port = host, port
+        try:
+            self.httpd, self.thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:
+            raise LiveError(f"--metrics {host}:{port}: {e.strerror or e}") from None
+        self._port = self.httpd.server_port
+
+    @property
+    def address(self) -> str:
+        return f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
+
+    def start(self) -> None:
+        pass  # already serving (it only reads counters)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -1,0 +1,149 @@
+// live.cc: worker threads over port queues (see live.h).
+#include "live.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <chrono>
+
+namespace dpu {
+
+namespace {
+int64_t mono_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+// A worker's transmit side: a port's frames go out of that worker's queue
+// of the port.
+class LiveRunner::Sink : public PortSink {
+ public:
+  explicit Sink(std::vector<TxQueue*> by_port) : by_port_(std::move(by_port)) {}
+  uint32_t send(uint32_t port, Packet* const* pkts, uint32_t n) override {
+    if (port >= by_port_.size() || !by_port_[port]) return 0;  // not attached: refused
+    return by_port_[port]->tx_burst(pkts, n);
+  }
+
+ private:
+  std::vector<TxQueue*> by_port_;
+};
+
+LiveRunner::LiveRunner(Dataplane* dp, LiveConfig cfg) : dp_(dp), cfg_(std::move(cfg)) {}
+
+LiveRunner::~LiveRunner() { stop(); }
+
+Status LiveRunner::start() {
+  if (running()) return Status::Error(Err::INVALID, "already running");
+  if (cfg_.io != "afpacket")
+    return Status::Error(Err::INVALID, "I/O backend '" + cfg_.io + "' is not available in this build");
+  if (cfg_.first_worker >= dp_->n_workers()) return Status::Error(Err::INVALID, "no worker left for the ports");
+  const size_t n_workers = dp_->n_workers() - cfg_.first_worker;
+  queues_.clear();
+  queues_.resize(n_workers);
+  const int fanout_base = (getpid() & 0xfff) << 4;
+  for (size_t pi = 0; pi < cfg_.ports.size(); pi++) {
+    const LivePort& lp = cfg_.ports[pi];
+    disable_receive_offloads(lp.ifname);
+    for (size_t w = 0; w < n_workers; w++) {
+      AfPacketConfig ac;
+      ac.ifname = lp.ifname;
+      ac.ofport = lp.ofport;
+      ac.fanout_id = n_workers > 1 ? static_cast<int>((fanout_base + pi) & 0xffff) : -1;
+      auto q = std::make_unique<AfPacketQueue>();
+      Status st = q->open(ac);
+      if (!st.ok()) {
+        queues_.clear();
+        return st;
+      }
+      queues_[w].push_back(std::move(q));
+    }
+  }
+  stop_.store(false);
+  for (size_t w = 0; w < n_workers; w++) threads_.emplace_back([this, w] { loop(w); });
+  return Status::Ok();
+}
+
+void LiveRunner::stop() {
+  stop_.store(true);
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+  for (auto& qs : queues_)
+    for (auto& q : qs) q->refresh_counters();
+  // Counts made since the last housekeeping reach the rules.
+  dp_->sync_stats();
+}
+
+std::vector<LiveQueueStats> LiveRunner::queue_stats() const {
+  std::vector<LiveQueueStats> out;
+  for (size_t pi = 0; pi < cfg_.ports.size(); pi++) {
+    LiveQueueStats s;
+    s.ofport = cfg_.ports[pi].ofport;
+    s.ifname = cfg_.ports[pi].ifname;
+    for (const auto& qs : queues_) {
+      if (pi >= qs.size()) continue;
+      const QueueCounters& c = qs[pi]->counters;
+      s.c.rx_ring_drops += __atomic_load_n(&c.rx_ring_drops, __ATOMIC_RELAXED);
+      s.c.rx_truncated += __atomic_load_n(&c.rx_truncated, __ATOMIC_RELAXED);
+      s.c.tx_refused += __atomic_load_n(&c.tx_refused, __ATOMIC_RELAXED);
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+void LiveRunner::loop(size_t wi) {
+  Worker& w = dp_->worker(cfg_.first_worker + wi);
+  auto& qs = queues_[wi];
+  uint32_t max_port = 0;
+  for (const LivePort& lp : cfg_.ports) max_port = std::max(max_port, lp.ofport);
+  std::vector<TxQueue*> by_port(max_port + 1, nullptr);
+  std::vector<pollfd> pfds;
+  for (size_t i = 0; i < qs.size(); i++) {
+    by_port[cfg_.ports[i].ofport] = qs[i].get();
+    pfds.push_back(pollfd{qs[i]->fd(), POLLIN, 0});
+  }
+  Sink sink(by_port);
+  Batch b;
+  size_t rr = 0;
+  uint32_t busy_rounds = 0;
+  int64_t last_house = mono_ns();
+  const int64_t house_ns = static_cast<int64_t>(cfg_.housekeeping_ms) * 1000000;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    uint32_t got = 0;
+    const int64_t t0 = mono_ns();
+    for (size_t k = 0; k < qs.size(); k++) {
+      AfPacketQueue& q = *qs[(rr + k) % qs.size()];
+      std::lock_guard<std::mutex> g(w.mu);
+      b.clear();
+      b.count = q.rx_burst(w.pool(), b.pkts, cfg_.burst, kBatchMax);
+      if (!b.count) continue;
+      got += b.count;
+      w.set_sink(&sink);
+      w.process(b);
+      w.set_sink(nullptr);
+    }
+    rr++;
+    const int64_t t1 = mono_ns();
+    if (got) {
+      w.pmd.busy_ns += static_cast<uint64_t>(t1 - t0);
+      if (++busy_rounds >= cfg_.yield_every) {  // let the kernel's receive work run
+        busy_rounds = 0;
+        sched_yield();
+      }
+    } else {
+      busy_rounds = 0;
+      poll(pfds.data(), pfds.size(), static_cast<int>(cfg_.idle_ms));
+      w.pmd.idle_ns += static_cast<uint64_t>(mono_ns() - t1);
+    }
+    if (t1 - last_house >= house_ns) {
+      last_house = t1;
+      for (auto& q : qs) q->refresh_counters();
+      std::lock_guard<std::mutex> g(w.mu);
+      w.housekeeping();
+    }
+  }
+}
+
+}  // namespace dpu

@@ -1,0 +1,85 @@
+// live.h: the dataplane on Linux interfaces (`dpu run`): worker threads over
+// port queues.
+//
+// Worker i owns one queue of every attached port (AF_PACKET sockets of an
+// interface form one fanout group, so the kernel spreads each interface's
+// flows over the workers), its caches and its counters; tables are shared
+// (read-mostly, versioned) and so is conntrack, so the two directions of a
+// connection work whichever worker sees them.
+//
+// The loop of a worker, per round: a burst of at most `burst` frames from
+// each of its queues in turn (the starting queue rotates, so no port can keep
+// the others waiting), each burst one batch through Worker::process under the
+// worker's mutex (a table commit waits at most one burst), outputs straight
+// to the ports' transmit side. A round that found nothing sleeps in poll()
+// on every queue for at most `idle_ms`: an idle worker costs no CPU, and on a
+// machine whose kernel receives on the same cores, the kernel gets its turn
+// (a worker that never slept would starve the receive work feeding it:
+// receive livelock). A worker busy for `yield_every` rounds in a row yields
+// the CPU once for the same reason. Every `housekeeping_ms` it pushes its
+// megaflow counts to the rules and runs a slice of conntrack expiry, so
+// counters and timeouts move without any call from outside.
+//
+// Counters are read from other threads without taking a worker's lock.
+// Thread-safety: start/stop from one control thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dataplane.h"
+#include "ports/afpacket.h"
+
+namespace dpu {
+
+struct LivePort {
+  uint32_t ofport = 0;
+  std::string ifname;
+};
+
+struct LiveConfig {
+  std::vector<LivePort> ports;
+  std::string io = "afpacket";  // or "afxdp"
+  uint32_t first_worker = 0;     // workers first_worker.. run the ports (0 may be kept for API calls)
+  uint32_t burst = 32;
+  uint32_t idle_ms = 1;
+  uint32_t yield_every = 64;
+  uint32_t housekeeping_ms = 50;
+};
+
+// What each worker's queues saw, per port (summed over workers by stats()).
+struct LiveQueueStats {
+  uint32_t ofport = 0;
+  std::string ifname;
+  QueueCounters c;
+};
+
+class LiveRunner {
+ public:
+  LiveRunner(Dataplane* dp, LiveConfig cfg);
+  ~LiveRunner();
+  LiveRunner(const LiveRunner&) = delete;
+  LiveRunner& operator=(const LiveRunner&) = delete;
+
+  // Opens every queue of every worker first (any error, nothing runs), then
+  // starts the threads.
+  Status start();
+  void stop();
+  bool running() const { return !threads_.empty(); }
+  std::vector<LiveQueueStats> queue_stats() const;
+
+ private:
+  class Sink;
+  void loop(size_t wi);
+
+  Dataplane* dp_;
+  LiveConfig cfg_;
+  std::vector<std::vector<std::unique_ptr<AfPacketQueue>>> queues_;  // [worker][attached port]
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+};
+
+}  // namespace dpu

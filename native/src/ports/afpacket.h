@@ -1,0 +1,99 @@
+// afpacket.h: a Linux interface through AF_PACKET (one socket per port and
+// worker), the live mode's default I/O (`dpu run --io afpacket`).
+//
+// Receive: a TPACKET_V3 ring of `block_nr` blocks of `block_size` bytes,
+// memory-mapped; the kernel hands a block over when it is full or after
+// `retire_ms`, and the worker copies each frame into a pool buffer (frames
+// of up to kMaxFrame bytes: jumbo frames included). A VLAN tag the kernel
+// took off is put back; a checksum the sender left to offload (veth) is
+// finished, so the dataplane always sees wire bytes. The sockets of one
+// interface form a PACKET_FANOUT group (hash of the flow), so N workers
+// share its traffic; PACKET_IGNORE_OUTGOING keeps a worker from reading what
+// any worker sent.
+// Transmit: sendmmsg on the same socket with PACKET_QDISC_BYPASS (straight to
+// the driver, as a DPDK port would).
+// The interface is put in promiscuous mode (a membership, dropped with the
+// socket) and receive offloads that merge frames (GRO, LRO) are turned off.
+//
+// Offloads a local sender left undone: with PACKET_VNET_HDR the kernel says,
+// per frame, where a checksum is still to be filled in and whether the frame
+// is a TCP super-frame (a local stack handing a veth or tap a 64 KB segment
+// with segmentation offload on) and its segment size. Checksums are finished
+// and super-frames are cut into segments here, as the kernel's GSO would
+// have (sequence numbers, IP ids, flags, checksums), so the dataplane and the
+// next hop see what a wire would carry. Without PACKET_VNET_HDR (older
+// kernels) a TCP frame longer than the MTU is cut at the MTU and checksums
+// marked not-ready are finished at the L4 header.
+//
+// An interface that goes down keeps its socket: transmit fails and counts
+// (tx_refused), receive simply has nothing; when it comes back up, traffic
+// flows again. Thread-safety: one socket, one worker thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dpu/status.h"
+#include "port_io.h"
+
+struct tpacket3_hdr;  // linux/if_packet.h
+
+namespace dpu {
+
+struct AfPacketConfig {
+  std::string ifname;
+  uint32_t ofport = 0;
+  int fanout_id = -1;         // join this PACKET_FANOUT group (-1: alone)
+  uint32_t block_size = 1u << 18;
+  uint32_t block_nr = 16;
+  uint32_t frame_size = 2048; // ring slot (a frame may span several in V3)
+  uint32_t retire_ms = 1;     // hand over a partly filled block after this long
+};
+
+class AfPacketQueue : public RxQueue, public TxQueue {
+ public:
+  AfPacketQueue() = default;
+  ~AfPacketQueue() override;
+  AfPacketQueue(const AfPacketQueue&) = delete;
+  AfPacketQueue& operator=(const AfPacketQueue&) = delete;
+
+  Status open(const AfPacketConfig& cfg);
+  uint32_t rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, uint32_t cap) override;
+  uint32_t tx_burst(Packet* const* pkts, uint32_t n) override;
+  int fd() const override { return fd_; }
+  void refresh_counters() override;  // PACKET_STATISTICS: frames the kernel dropped (ring full)
+  QueueCounters counters;
+
+ private:
+  bool next_block();
+  void release_block();
+  // The segments of a TCP super-frame into pkts (at most room); 0 when it is
+  // not one, kNoRoom when pool or room ran out (nothing taken).
+  static constexpr uint32_t kNoRoom = ~0u;
+  // Length, port, time; finishes a checksum left to offload (csum_start -1:
+  // none, -2: at the L4 header, else where the kernel said).
+  void fill(Packet* p, uint32_t len, uint64_t ts, int csum_start, int csum_offset);
+  // mss 0: cut at the interface's MTU.
+  uint32_t segment(const uint8_t* f, uint32_t n, uint32_t mss, uint64_t ts, PacketPool& pool, Packet** pkts,
+                   uint32_t room);
+
+  int fd_ = -1;
+  int ifindex_ = 0;
+  uint32_t ofport_ = 0;
+  uint32_t mtu_ = 1500;        // IP bytes a frame of this interface carries
+  bool vnet_ = false;          // frames carry a virtio_net_hdr (PACKET_VNET_HDR)
+  std::vector<uint8_t> scratch_;  // a super-frame with its VLAN tag put back
+  uint8_t* ring_ = nullptr;
+  size_t ring_bytes_ = 0;
+  uint32_t block_size_ = 0, block_nr_ = 0;
+  uint32_t cur_ = 0;           // block being read
+  uint8_t* pkt_ = nullptr;     // next frame header in it, or nullptr
+  uint32_t left_ = 0;          // frames left in it
+};
+
+// Offloads that would merge frames before the ring sees them: off, so the
+// dataplane sees frames as they were on the wire. Best effort.
+void disable_receive_offloads(const std::string& ifname);
+
+}  // namespace dpu

@@ -1,0 +1,48 @@
+// port_io.h: the port-I/O seam. A worker receives through RxQueues and
+// transmits through TxQueues; the worker loop is the same whatever is behind
+// them (DESIGN.md "Port I/O is one interface"):
+//
+//   memory   MemRx: template packets cycled (bench) or a buffer list (process)
+//   pcap     PcapRx: capture files merged by timestamp (replay); writers as sinks
+//   AF_PACKET  afpacket.h: a TPACKET_V3 ring per (port, worker), PACKET_FANOUT
+//   AF_XDP     afxdp.h: a UMEM and an XSK per (port, worker)
+//
+// rx_burst fills up to `max` frames from the worker's pool (data, len,
+// md.in_port, md.timestamp_ns) and returns how many; a queue never blocks and
+// never returns more than max, so one busy port cannot monopolise a worker.
+// tx_burst sends what it can of n packets and returns how many went out; the
+// caller counts the rest as refused and frees every packet afterwards.
+//
+// Thread-safety: a queue belongs to one worker thread.
+#pragma once
+
+#include <cstdint>
+
+#include "dpu/batch.h"
+
+namespace dpu {
+
+// Counters of one queue, written by its owner, read with relaxed loads.
+struct QueueCounters {
+  uint64_t rx_ring_drops = 0;   // frames the kernel dropped before the ring (full, or a frame it cannot describe)
+  uint64_t rx_truncated = 0;    // frames longer than a buffer, dropped
+  uint64_t tx_refused = 0;      // frames the interface did not take (down, queue full)
+};
+
+class RxQueue {
+ public:
+  virtual ~RxQueue() = default;
+  // Stops at max frames; a frame that becomes several packets (a TCP
+  // super-frame cut into segments) may take it past max, never past cap.
+  virtual uint32_t rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, uint32_t cap) = 0;
+  virtual int fd() const { return -1; }  // to sleep on when every queue is empty; -1: never sleeps
+  virtual void refresh_counters() {}     // the owner, now and then: fetch what the kernel counted
+};
+
+class TxQueue {
+ public:
+  virtual ~TxQueue() = default;
+  virtual uint32_t tx_burst(Packet* const* pkts, uint32_t n) = 0;
+};
+
+}  // namespace dpu
