@@ -105,7 +105,6 @@ void LiveRunner::loop(size_t wi) {
     pfds.push_back(pollfd{qs[i]->fd(), POLLIN, 0});
   }
   Sink sink(by_port);
-  Batch b;
   size_t rr = 0;
   uint32_t busy_rounds = 0;
   int64_t last_house = mono_ns();
@@ -116,13 +115,7 @@ void LiveRunner::loop(size_t wi) {
     for (size_t k = 0; k < qs.size(); k++) {
       AfPacketQueue& q = *qs[(rr + k) % qs.size()];
       std::lock_guard<std::mutex> g(w.mu);
-      b.clear();
-      b.count = q.rx_burst(w.pool(), b.pkts, cfg_.burst, kBatchMax);
-      if (!b.count) continue;
-      got += b.count;
-      w.set_sink(&sink);
-      w.process(b);
-      w.set_sink(nullptr);
+      got += w.receive(q, cfg_.burst, &sink);
     }
     rr++;
     const int64_t t1 = mono_ns();

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "ports/mem_rx.h"
+
 namespace dpu {
 
 constexpr uint32_t kRxBurst = 32;
@@ -46,16 +48,6 @@ class CountSink : public PortSink {
   uint64_t count = 0;
 };
 
-// Counts a packet that cannot be loaded into a buffer (caller holds w.mu).
-void count_oversize(Worker& w, uint32_t port, uint32_t len) {
-  w.ports.grow(port + 1);
-  PortCounters& pc = w.ports[port];
-  pc.rx_packets++;
-  pc.rx_bytes += len;
-  pc.dropped++;
-  pc.drops[DROP_OVERSIZE]++;
-}
-
 }  // namespace
 
 Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
@@ -71,38 +63,12 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
                                                          std::to_string(ports[i]));
   }
   Worker& w = dp->worker(worker);
-  uint32_t index_of[kBatchMax];
-  CaptureSink sink(out, index_of);
-  Batch b;
-  size_t i = 0;
-  while (i < n) {
-    // One batch at a time under the worker's lock: a commit waits at most a batch.
+  MemRx rx(data, offsets, lens, ports, ts, n, false, true);
+  CaptureSink sink(out, rx.burst_index());
+  while (rx.more()) {
+    // One burst at a time under the worker's lock: a commit waits at most a burst.
     std::lock_guard<std::mutex> g(w.mu);
-    b.clear();
-    // A batch holds packets of one input port, as a receive burst does: a
-    // packet arriving on another port waits for the next batch, so it sees
-    // every connection the ones before it committed.
-    while (i < n && !b.full() && (b.count == 0 || ports[i] == b.pkts[0]->md.in_port)) {
-      if (lens[i] > Packet::max_capacity()) {
-        count_oversize(w, ports[i], lens[i]);
-        i++;
-        continue;
-      }
-      Packet* p = w.pool().get_for(lens[i]);
-      if (!p) break;  // every big buffer is in this batch: the rest waits for the next
-      copy_frame(p->data(), data + offsets[i], lens[i]);
-      p->len = static_cast<uint16_t>(lens[i]);
-      p->md.in_port = ports[i];
-      p->md.timestamp_ns = ts ? ts[i] : 0;
-      index_of[b.count] = static_cast<uint32_t>(i);
-      b.push(p);
-      i++;
-    }
-    if (b.count) {
-      w.set_sink(&sink);
-      w.process(b);
-      w.set_sink(nullptr);
-    }
+    w.receive(rx, kBatchMax, &sink);
   }
   // Input order, then the order the actions emitted (as OVS's ofproto/trace reads).
   std::stable_sort(out->pkts.begin(), out->pkts.end(), [](const MemPacket& a, const MemPacket& b) {
@@ -117,27 +83,12 @@ BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets
   if (n == 0) return bs;
   Worker& w = dp->worker(0);
   CountSink sink;
-  Batch b;
-  size_t next = 0;
+  MemRx rx(data, offsets, lens, ports, nullptr, n, true, false);
   auto t0 = std::chrono::steady_clock::now();
   uint64_t done = 0;
   while (done < total) {
     std::lock_guard<std::mutex> g(w.mu);  // per burst, as a live worker would
-    w.set_sink(&sink);
-    b.clear();
-    uint32_t want = static_cast<uint32_t>(std::min<uint64_t>(kRxBurst, total - done));
-    for (uint32_t k = 0; k < want; k++) {
-      Packet* p = w.pool().get_for(lens[next]);
-      if (!p) break;  // every big buffer is in this burst
-      p->len = static_cast<uint16_t>(lens[next]);
-      copy_frame(p->data(), data + offsets[next], lens[next]);
-      p->md.in_port = ports[next];
-      b.push(p);
-      if (++next == n) next = 0;
-    }
-    done += b.count;
-    w.process(b);
-    w.set_sink(nullptr);
+    done += w.receive(rx, static_cast<uint32_t>(std::min<uint64_t>(kRxBurst, total - done)), &sink);
   }
   auto t1 = std::chrono::steady_clock::now();
   bs.packets = done;
@@ -159,7 +110,7 @@ class Replayer::Writers : public PortSink {
 };
 
 Replayer::Replayer(Dataplane* dp, std::vector<ReplayInput> inputs, std::string out_dir)
-    : dp_(dp), spec_(std::move(inputs)), out_dir_(std::move(out_dir)), writers_(new Writers) {}
+    : dp_(dp), spec_(std::move(inputs)), out_dir_(std::move(out_dir)), rx_(new PcapRx), writers_(new Writers) {}
 
 Replayer::~Replayer() { close(); }
 
@@ -167,12 +118,8 @@ Status Replayer::open() {
   for (const ReplayInput& ri : spec_) {
     if (dp_->port_name(ri.port).empty())
       return Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(ri.port));
-    Input in;
-    in.port = ri.port;
-    in.reader = std::make_unique<PcapReader>();
-    Status st = in.reader->open(ri.path);
+    Status st = rx_->add(ri.port, ri.path);
     if (!st.ok()) return st;
-    inputs_.push_back(std::move(in));
   }
   struct stat in_st[64];
   size_t n_in = 0;
@@ -199,75 +146,29 @@ Status Replayer::open() {
     writers_->files[p.ofport] = std::move(w);
     writers_->names.emplace_back(p.name, path);
   }
-  for (Input& in : inputs_) {
-    Status st;
-    advance(in, &st);
-    if (!st.ok()) {
-      error_ = st;
-      break;
-    }
-  }
+  rx_->start();
   return Status::Ok();
-}
-
-bool Replayer::advance(Input& in, Status* st) {
-  in.has_head = in.reader->next(&in.head);
-  if (!in.has_head && !in.reader->status().ok()) *st = in.reader->status();
-  return in.has_head;
 }
 
 bool Replayer::run(uint64_t max_packets, Status* st) {
   if (done_) return false;
   Worker& w = dp_->worker(0);
-  Batch b;
-  uint64_t taken = 0;
-  for (;;) {
-    b.clear();
-    {
-      std::lock_guard<std::mutex> g(w.mu);
-      while (!b.full() && error_.ok() && (max_packets == 0 || taken < max_packets)) {
-        Input* best = nullptr;
-        for (Input& in : inputs_)
-          if (in.has_head && (!best || in.head.ts_ns < best->head.ts_ns)) best = &in;
-        if (!best) break;
-        if (b.count && best->port != b.pkts[0]->md.in_port) break;  // one input port per batch (process_buffers)
-        const PcapRecord& r = best->head;
-        if (r.caplen > Packet::max_capacity()) {
-          count_oversize(w, best->port, r.caplen);
-        } else {
-          Packet* p = w.pool().get_for(r.caplen);
-          if (!p) break;  // every big buffer is in this batch: the rest waits for the next
-          copy_frame(p->data(), r.data, r.caplen);
-          p->len = static_cast<uint16_t>(r.caplen);
-          p->md.in_port = best->port;
-          p->md.timestamp_ns = r.ts_ns;
-          b.push(p);
-        }
-        taken++;
-        packets_++;
-        Status rs;
-        advance(*best, &rs);
-        if (!rs.ok()) error_ = rs;
-      }
-      if (b.count) {
-        w.set_sink(writers_.get());
-        w.process(b);
-        w.set_sink(nullptr);
-      }
-    }
-    if (!error_.ok()) {
-      *st = error_;
-      done_ = true;
-      return false;
-    }
-    bool any = false;
-    for (Input& in : inputs_) any |= in.has_head;
-    if (!any) {
-      done_ = true;
-      return false;
-    }
-    if (max_packets && taken >= max_packets) return true;
+  const uint64_t start = rx_->records();
+  while (rx_->more() && (max_packets == 0 || rx_->records() - start < max_packets)) {
+    uint64_t left = max_packets ? max_packets - (rx_->records() - start) : kBatchMax;
+    std::lock_guard<std::mutex> g(w.mu);
+    w.receive(*rx_, static_cast<uint32_t>(std::min<uint64_t>(kBatchMax, left)), writers_.get());
   }
+  if (!rx_->status().ok()) {
+    *st = rx_->status();
+    done_ = true;
+    return false;
+  }
+  if (!rx_->more()) {
+    done_ = true;
+    return false;
+  }
+  return true;
 }
 
 Status Replayer::close() {
@@ -280,17 +181,9 @@ Status Replayer::close() {
   return first;
 }
 
-uint64_t Replayer::bytes_done() const {
-  uint64_t s = 0;
-  for (const Input& in : inputs_) s += in.reader->offset();
-  return s;
-}
-
-uint64_t Replayer::bytes_total() const {
-  uint64_t s = 0;
-  for (const Input& in : inputs_) s += in.reader->size();
-  return s;
-}
+uint64_t Replayer::packets() const { return rx_->records(); }
+uint64_t Replayer::bytes_done() const { return rx_->bytes_done(); }
+uint64_t Replayer::bytes_total() const { return rx_->bytes_total(); }
 
 std::vector<std::pair<std::string, std::string>> Replayer::outputs() const { return writers_->names; }
 

@@ -1,12 +1,13 @@
 // runner.h: the three ways packets enter a dataplane from the API: in-memory
 // buffers (process), capture files (replay), and the benchmark loop.
 //
-// Each one fills batches from its source into worker 0's pool, runs
-// Worker::process under the worker's mutex (one batch at a time, so table
-// commits interleave between batches), and hands outputs to a PortSink. A
-// batch holds packets of one input port, as a receive burst does, so a packet
-// sees all the conntrack state that packets before it created. All of them
-// are called from the bindings with the GIL released.
+// Each is a receive queue (ports/mem_rx.h, ports/pcap_rx.h) drained burst by
+// burst through Worker::receive under the worker's mutex (so table commits
+// interleave between bursts), the same step a live worker takes (live.h),
+// with outputs to a PortSink. A burst holds packets of one input port, as a
+// NIC queue's does, so a packet sees all the conntrack state that packets
+// before it created. All of them are called from the bindings with the GIL
+// released.
 #pragma once
 
 #include <memory>
@@ -15,6 +16,7 @@
 
 #include "dataplane.h"
 #include "dpu/pcap.h"
+#include "ports/pcap_rx.h"
 
 namespace dpu {
 
@@ -62,28 +64,19 @@ class Replayer {
   // read before the failure was processed and written).
   bool run(uint64_t max_packets, Status* st);
   Status close();  // flushes and closes the output files
-  uint64_t packets() const { return packets_; }
+  uint64_t packets() const;
   uint64_t bytes_done() const;
   uint64_t bytes_total() const;
   std::vector<std::pair<std::string, std::string>> outputs() const;  // port name, file
 
  private:
-  struct Input {
-    uint32_t port;
-    std::unique_ptr<PcapReader> reader;
-    PcapRecord head;
-    bool has_head = false;
-  };
   class Writers;
-  bool advance(Input& in, Status* st);
 
   Dataplane* dp_;
   std::vector<ReplayInput> spec_;
   std::string out_dir_;
-  std::vector<Input> inputs_;
+  std::unique_ptr<PcapRx> rx_;
   std::unique_ptr<Writers> writers_;
-  uint64_t packets_ = 0;
-  Status error_;
   bool done_ = false;
 };
 

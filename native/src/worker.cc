@@ -56,6 +56,30 @@ void Worker::flush_caches() {
   dpcls_.clear();
 }
 
+uint32_t Worker::receive(RxQueue& q, uint32_t max, PortSink* sink) {
+  Batch b;
+  b.count = q.rx_burst(pool_, b.pkts, max, kBatchMax);
+  const uint32_t taken = b.count + static_cast<uint32_t>(q.rejects.size());
+  for (const RxReject& r : q.rejects) count_oversize(r.port, r.len);
+  q.rejects.clear();
+  if (b.count) {
+    PortSink* prev = sink_;
+    sink_ = sink;
+    process(b);
+    sink_ = prev;
+  }
+  return taken;
+}
+
+void Worker::count_oversize(uint32_t port, uint32_t len) {
+  ports.grow(port + 1);
+  PortCounters& pc = ports[port];
+  pc.rx_packets++;
+  pc.rx_bytes += len;
+  pc.dropped++;
+  pc.drops[DROP_OVERSIZE]++;
+}
+
 void Worker::housekeeping() {
   push_stats();
   ctw_->sweep(dp_->conntrack().now(dp_->now_ns()), 1024);

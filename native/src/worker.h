@@ -34,6 +34,7 @@
 #include "ports.h"
 #include "dpu/batch.h"
 #include "dpu/drops.h"
+#include "ports/port_io.h"
 #include "tunnel_term.h"
 
 namespace dpu {
@@ -155,6 +156,11 @@ class Worker {
   // Processes one batch; packets must come from this worker's pool and have
   // md.in_port / timestamp / data set. Returns them all to the pool.
   void process(Batch& in);
+  // One receive burst of at most max frames from q through process(), the
+  // outputs to sink: the step every I/O path (memory, pcap, AF_PACKET,
+  // AF_XDP) shares. Frames too long for a buffer are counted as oversize
+  // drops of their port. Returns the frames taken. Caller holds mu.
+  uint32_t receive(RxQueue& q, uint32_t max, PortSink* sink);
 
   PacketPool& pool() { return pool_; }
   CtWorker& ct_worker() { return *ctw_; }
@@ -200,6 +206,7 @@ class Worker {
   void ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpAction* rest, size_t n_rest);
   void conntrack_stage(std::vector<Packet*>& next);
   void drop(Packet* p, uint16_t reason);
+  void count_oversize(uint32_t port, uint32_t len);
   Packet* copy(Packet* p);
   void flush_tx(bool sort);
   // vxlan.cc

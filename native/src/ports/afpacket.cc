@@ -282,6 +282,7 @@ uint32_t AfPacketQueue::rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, 
     bool taken = true;
     if (h->tp_snaplen < h->tp_len) {
       counters.rx_truncated++;
+      rejects.push_back({ofport_, h->tp_len});
     } else if (gso || (!vnet_ && need > mtu_ + (tagged ? 18u : 14u))) {  // a super-frame (or just too long)
       const uint8_t* f = frame;
       if (tagged) {
@@ -296,6 +297,7 @@ uint32_t AfPacketQueue::rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, 
         got += k;
       } else if (need > Packet::max_capacity()) {
         counters.rx_truncated++;
+      rejects.push_back({ofport_, h->tp_len});
       } else if (Packet* p = pool.get_for(need)) {  // not TCP: as it came (the port may refuse it)
         std::memcpy(p->data(), f, need);
         fill(p, need, ts, cs_start, cs_off);
@@ -305,6 +307,7 @@ uint32_t AfPacketQueue::rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, 
       }
     } else if (need > Packet::max_capacity()) {
       counters.rx_truncated++;
+      rejects.push_back({ofport_, h->tp_len});
     } else if (Packet* p = pool.get_for(need)) {
       if (tagged) put_tag_back(p->data(), frame, len, h);
       else copy_frame(p->data(), frame, len);

@@ -2,8 +2,8 @@
 // transmits through TxQueues; the worker loop is the same whatever is behind
 // them (DESIGN.md "Port I/O is one interface"):
 //
-//   memory   MemRx: template packets cycled (bench) or a buffer list (process)
-//   pcap     PcapRx: capture files merged by timestamp (replay); writers as sinks
+//   memory   mem_rx.h: a list of frames (process) or template frames cycled (bench)
+//   pcap     pcap_rx.h: capture files merged by timestamp (replay); writers as sinks
 //   AF_PACKET  afpacket.h: a TPACKET_V3 ring per (port, worker), PACKET_FANOUT
 //   AF_XDP     afxdp.h: a UMEM and an XSK per (port, worker)
 //
@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "dpu/batch.h"
 
@@ -29,6 +30,12 @@ struct QueueCounters {
   uint64_t tx_refused = 0;      // frames the interface did not take (down, queue full)
 };
 
+// A frame no packet buffer can hold: the queue reports it, the worker counts
+// it against its port (drops: oversize).
+struct RxReject {
+  uint32_t port, len;
+};
+
 class RxQueue {
  public:
   virtual ~RxQueue() = default;
@@ -37,6 +44,7 @@ class RxQueue {
   virtual uint32_t rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, uint32_t cap) = 0;
   virtual int fd() const { return -1; }  // to sleep on when every queue is empty; -1: never sleeps
   virtual void refresh_counters() {}     // the owner, now and then: fetch what the kernel counted
+  std::vector<RxReject> rejects;         // filled by rx_burst, emptied by Worker::receive
 };
 
 class TxQueue {
