@@ -36,8 +36,10 @@ LiveRunner::~LiveRunner() { stop(); }
 
 Status LiveRunner::start() {
   if (running()) return Status::Error(Err::INVALID, "already running");
-  if (cfg_.io != "afpacket")
-    return Status::Error(Err::INVALID, "I/O backend '" + cfg_.io + "' is not available in this build");
+  Status (*open_queue)(const QueueSpec&, std::unique_ptr<PortQueue>*) = nullptr;
+  if (cfg_.io == "afpacket") open_queue = open_afpacket_queue;
+  else if (cfg_.io == "afxdp") open_queue = open_afxdp_queue;
+  else return Status::Error(Err::INVALID, "unknown I/O backend '" + cfg_.io + "' (afpacket, afxdp)");
   if (cfg_.first_worker >= dp_->n_workers()) return Status::Error(Err::INVALID, "no worker left for the ports");
   const size_t n_workers = dp_->n_workers() - cfg_.first_worker;
   queues_.clear();
@@ -47,12 +49,14 @@ Status LiveRunner::start() {
     const LivePort& lp = cfg_.ports[pi];
     disable_receive_offloads(lp.ifname);
     for (size_t w = 0; w < n_workers; w++) {
-      AfPacketConfig ac;
-      ac.ifname = lp.ifname;
-      ac.ofport = lp.ofport;
-      ac.fanout_id = n_workers > 1 ? static_cast<int>((fanout_base + pi) & 0xffff) : -1;
-      auto q = std::make_unique<AfPacketQueue>();
-      Status st = q->open(ac);
+      QueueSpec spec;
+      spec.ifname = lp.ifname;
+      spec.ofport = lp.ofport;
+      spec.worker = static_cast<uint32_t>(w);
+      spec.n_workers = static_cast<uint32_t>(n_workers);
+      spec.group = static_cast<int>((fanout_base + pi) & 0xffff);
+      std::unique_ptr<PortQueue> q;
+      Status st = open_queue(spec, &q);
       if (!st.ok()) {
         queues_.clear();
         return st;
@@ -113,7 +117,7 @@ void LiveRunner::loop(size_t wi) {
     uint32_t got = 0;
     const int64_t t0 = mono_ns();
     for (size_t k = 0; k < qs.size(); k++) {
-      AfPacketQueue& q = *qs[(rr + k) % qs.size()];
+      PortQueue& q = *qs[(rr + k) % qs.size()];
       std::lock_guard<std::mutex> g(w.mu);
       got += w.receive(q, cfg_.burst, &sink);
     }

@@ -32,6 +32,7 @@
 
 #include "dataplane.h"
 #include "ports/afpacket.h"
+#include "ports/afxdp.h"
 
 namespace dpu {
 
@@ -77,7 +78,7 @@ class LiveRunner {
 
   Dataplane* dp_;
   LiveConfig cfg_;
-  std::vector<std::vector<std::unique_ptr<AfPacketQueue>>> queues_;  // [worker][attached port]
+  std::vector<std::vector<std::unique_ptr<PortQueue>>> queues_;  // [worker][attached port]
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
 };

@@ -364,4 +364,15 @@ uint32_t AfPacketQueue::tx_burst(Packet* const* pkts, uint32_t n) {
   return sent;
 }
 
+Status open_afpacket_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>* out) {
+  AfPacketConfig ac;
+  ac.ifname = spec.ifname;
+  ac.ofport = spec.ofport;
+  ac.fanout_id = spec.n_workers > 1 ? spec.group : -1;
+  auto q = std::make_unique<AfPacketQueue>();
+  Status st = q->open(ac);
+  if (st.ok()) *out = std::move(q);
+  return st;
+}
+
 }  // namespace dpu

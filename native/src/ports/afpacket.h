@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,7 +52,7 @@ struct AfPacketConfig {
   uint32_t retire_ms = 1;     // hand over a partly filled block after this long
 };
 
-class AfPacketQueue : public RxQueue, public TxQueue {
+class AfPacketQueue : public PortQueue {
  public:
   AfPacketQueue() = default;
   ~AfPacketQueue() override;
@@ -63,7 +64,6 @@ class AfPacketQueue : public RxQueue, public TxQueue {
   uint32_t tx_burst(Packet* const* pkts, uint32_t n) override;
   int fd() const override { return fd_; }
   void refresh_counters() override;  // PACKET_STATISTICS: frames the kernel dropped (ring full)
-  QueueCounters counters;
 
  private:
   bool next_block();
@@ -95,5 +95,8 @@ class AfPacketQueue : public RxQueue, public TxQueue {
 // Offloads that would merge frames before the ring sees them: off, so the
 // dataplane sees frames as they were on the wire. Best effort.
 void disable_receive_offloads(const std::string& ifname);
+
+// The live runner's factory (live.cc): an AF_PACKET queue for spec.
+Status open_afpacket_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>* out);
 
 }  // namespace dpu

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "dpu/batch.h"
@@ -51,6 +52,21 @@ class TxQueue {
  public:
   virtual ~TxQueue() = default;
   virtual uint32_t tx_burst(Packet* const* pkts, uint32_t n) = 0;
+};
+
+// One worker's queue of a Linux interface: both directions, and what the
+// backend counted. The live runner opens one per (attached port, worker).
+class PortQueue : public RxQueue, public TxQueue {
+ public:
+  QueueCounters counters;
+};
+
+struct QueueSpec {
+  std::string ifname;
+  uint32_t ofport = 0;
+  uint32_t worker = 0;      // this queue's worker, 0..n_workers-1
+  uint32_t n_workers = 1;
+  int group = -1;           // a number shared by the queues of one interface (AF_PACKET fanout group)
 };
 
 }  // namespace dpu
