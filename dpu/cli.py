@@ -199,12 +199,25 @@ def cmd_gen(args) -> int:
 
 def cmd_bench(args) -> int:
     from . import bench
+    from .livebench import LIVE_SCENARIOS
 
     names = args.scenarios or list(bench.SCENARIOS)
     for name in names:
-        if name not in bench.SCENARIOS:
-            _die(f"unknown scenario '{name}' (known: {', '.join(bench.SCENARIOS)})")
+        if name not in bench.SCENARIOS and name not in LIVE_SCENARIOS:
+            _die(f"unknown scenario '{name}' (known: {', '.join(list(bench.SCENARIOS) + list(LIVE_SCENARIOS))})")
+    workers = _int_list(args.workers, "--workers")
+    ios = [x for x in args.io.split(",") if x]
+    for x in ios:
+        if x not in ("afpacket", "afxdp"):
+            _die(f"--io takes afpacket and/or afxdp, got '{x}'")
     for name in names:
+        if name in LIVE_SCENARIOS:
+            from .livebench import render, run_live
+
+            flows = _int_list(args.flows, "--flows") if args.flows else (1000, 100_000)
+            for res in run_live(name, repeat=min(args.repeat, 3), workers=workers, io=ios, flows=flows):
+                print(json.dumps(res, sort_keys=True) if args.json else render(res), flush=True)
+            continue
         res = bench.run(name, packets=args.packets, repeat=args.repeat, stages=args.stages)
         if args.json:
             print(json.dumps(res, sort_keys=True), flush=True)
@@ -505,8 +518,21 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--packets", type=int, default=None, help="packets per measured run")
     sp.add_argument("--repeat", type=int, default=5, help="measured runs; the median is reported")
     sp.add_argument("--stages", action="store_true", help="also measure ns/packet per stage")
+    sp.add_argument("--workers", default="1,2", help="live-*: worker counts to measure (default 1,2)")
+    sp.add_argument("--io", default="afpacket", help="live-*: I/O backends, comma-separated (afpacket, afxdp)")
+    sp.add_argument("--flows", default=None, help="live-*: flow counts, comma-separated (default 1000,100000)")
     sp.set_defaults(func=cmd_bench)
     return p
+
+
+def _int_list(text: str, what: str) -> List[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        _die(f"{what} takes comma-separated numbers, got '{text}'")
+    if not out or any(v < 1 for v in out):
+        _die(f"{what} takes positive numbers, got '{text}'")
+    return out
 
 
 def _zone_arg(text: str) -> int:

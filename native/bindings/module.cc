@@ -18,6 +18,7 @@
 #include "../src/dpcls.h"
 #include "dpu/mem.h"
 #include "../src/live.h"
+#include "../src/ports/traffic.h"
 #include "../src/runner.h"
 #include "dpu/ofparse.h"
 
@@ -502,6 +503,45 @@ void bind_live(py::module_& m, DataplaneClass& c) {
       py::keep_alive<0, 1>());
 }
 
+// ---- traffic tools (benchmarks): a blaster and a counting receiver ------------------------------
+void bind_traffic(py::module_& m) {
+  m.def(
+      "blast",
+      [](const std::string& ifname, const py::bytes& buf, py::array_t<uint64_t> offsets, py::array_t<uint32_t> lens,
+         double seconds, double rate_pps) {
+        std::string data = buf;
+        size_t n = static_cast<size_t>(offsets.size());
+        if (static_cast<size_t>(lens.size()) != n) throw py::value_error("offsets and lens differ in length");
+        const uint64_t* off = offsets.data();
+        const uint32_t* ln = lens.data();
+        for (size_t i = 0; i < n; i++)
+          if (off[i] > data.size() || ln[i] > data.size() - off[i]) throw py::value_error("frame runs past the buffer");
+        TrafficResult r;
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = blast(ifname, reinterpret_cast<const uint8_t*>(data.data()), off, ln, n, seconds, rate_pps, &r);
+        }
+        check(st);
+        return py::make_tuple(r.packets, r.bytes, r.seconds);
+      },
+      py::arg("ifname"), py::arg("data"), py::arg("offsets"), py::arg("lens"), py::arg("seconds"),
+      py::arg("rate_pps") = 0.0);
+  m.def(
+      "count_rx",
+      [](const std::string& ifname, double seconds) {
+        TrafficResult r;
+        Status st;
+        {
+          py::gil_scoped_release nogil;
+          st = count_rx(ifname, seconds, &r);
+        }
+        check(st);
+        return py::make_tuple(r.packets, r.bytes, r.seconds);
+      },
+      py::arg("ifname"), py::arg("seconds"));
+}
+
 // ---- control: transactions, ports, tenants, dumps ----------------------------------------------
 void bind_control(DataplaneClass& c) {
   c.def(py::init<size_t>(), py::arg("workers") = 1)
@@ -770,4 +810,5 @@ PYBIND11_MODULE(_core, m) {
   bind_packets(dp);
   bind_conntrack(dp);
   bind_live(m, dp);
+  bind_traffic(m);
 }

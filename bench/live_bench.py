@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Live forwarding, dpu against the I/O ceiling and Open vSwitch, in one run.
+
+    sudo python3 bench/live_bench.py [--scenarios live-l3,live-vxlan,live-snat] [--io afpacket,afxdp]
+                                     [--flows 1000,100000] [--repeat 3] [--json]
+
+Builds the namespaces (dpu.livebench), measures the raw ceiling (a sendmmsg
+blaster into a veth, a TPACKET_V3 receiver that only counts), dpu's forwarded
+rate with 1 and 2 workers for each I/O backend, and Open vSwitch's userspace
+datapath (its own ovsdb-server and ovs-vswitchd, datapath_type=netdev, ports
+of type system and afxdp) on the same topology and traffic; prints every
+figure (medians of --repeat runs) and the ratios the targets are stated in:
+
+    dpu / raw ceiling >= 0.8;  dpu (afpacket) / OVS (afpacket) >= 3;
+    dpu (afxdp) / OVS (afxdp) >= 1;  dpu 2 workers / 1 worker >= 1.6
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from dpu.livebench import LIVE_SCENARIOS, render, run_live  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenarios", default=",".join(LIVE_SCENARIOS))
+    ap.add_argument("--io", default="afpacket,afxdp")
+    ap.add_argument("--flows", default="1000,100000")
+    ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-ovs", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    results = []
+    for name in a.scenarios.split(","):
+        for io in a.io.split(","):
+            try:
+                rs = run_live(name, repeat=a.repeat, workers=tuple(int(w) for w in a.workers.split(",")), io=(io,),
+                              flows=tuple(int(f) for f in a.flows.split(",")), ovs=False)
+            except Exception as e:  # noqa: BLE001 - one backend failing (no AF_XDP) must not hide the rest
+                rs = [{"scenario": name, "dut": "dpu", "io": io, "flows": 0, "error": str(e)}]
+            for r in rs:
+                print(json.dumps(r, sort_keys=True) if a.json else render(r), flush=True)
+            results += rs
+        if not a.no_ovs:
+            for r in run_live(name, repeat=a.repeat, workers=(1,), io=(), flows=tuple(int(f) for f in a.flows.split(",")),
+                              ovs=True):
+                print(json.dumps(r, sort_keys=True) if a.json else render(r), flush=True)
+                results.append(r)
+    print("\nRatios (targets: ceiling >= 0.8, vs OVS afpacket >= 3, vs OVS afxdp >= 1, 2 workers >= 1.6x):")
+    ok = [r for r in results if "error" not in r]
+    for r in ok:
+        if r["dut"] != "dpu":
+            continue
+        line = [f"{r['scenario']} {r['io']} workers={r['workers']} flows={r['flows']}: "
+                f"{r['mpps'] / r['raw_ceiling_mpps']:.2f} of the ceiling"]
+        o = next((x for x in ok if x["dut"] == "ovs" and x["scenario"] == r["scenario"] and x["flows"] == r["flows"]
+                  and x["io"] == r["io"]), None)
+        if o and o["mpps"]:
+            line.append(f"{r['mpps'] / o['mpps']:.2f}x OVS ({o['io']})")
+        one = next((x for x in ok if x["dut"] == "dpu" and x["scenario"] == r["scenario"] and x["flows"] == r["flows"]
+                    and x["io"] == r["io"] and x["workers"] == 1), None)
+        if r["workers"] > 1 and one and one["mpps"]:
+            line.append(f"{r['mpps'] / one['mpps']:.2f}x one worker")
+        print("  " + ", ".join(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

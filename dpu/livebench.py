@@ -1,0 +1,372 @@
+"""Live forwarding benchmarks: veth pairs in namespaces, 64-byte frames
+(``dpu bench live-l3 live-vxlan live-snat``; bench/live_bench.py adds Open
+vSwitch and prints ratios).
+
+    gen ns: g0 ══ in0 :dut ns: out0 ══ s0 :sink ns
+
+A blaster (dpu.traffic, AF_PACKET sendmmsg) in the gen namespace sends as
+fast as the kernel takes frames into g0; the device under test (``dpu run``,
+or ovs-vswitchd with ``datapath_type=netdev``) forwards in0 -> out0; the
+forwarded rate is what s0 receives (its kernel counter, read twice during
+the measured window: the sink costs nothing extra). The offered rate is
+what the blaster got into g0, so a result shows both the rate at overload
+and how much was offered. The raw ceiling is the same blaster into g0 with
+only a counting TPACKET_V3 receiver on in0.
+
+Everything lives in namespaces this module creates (names dpub<pid>-*) and
+deletes; nothing is configured in the machine's own namespace. Needs root.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import List
+
+from .errors import DpuError
+
+GEN_MAC, IN_MAC, OUT_MAC, SINK_MAC = "02:00:00:00:e0:01", "02:00:00:00:e0:02", "02:00:00:00:e0:03", "02:00:00:00:e0:04"
+FLOW_COUNTS = (1000, 100_000)
+WARM_S, MEASURE_S = 1.0, 3.0
+
+
+class BenchError(DpuError):
+    """A live benchmark could not be set up (no root, a tool missing)."""
+
+
+def _sh(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run(list(args), capture_output=True, text=True, **kw)
+    if check and r.returncode != 0:
+        raise BenchError(f"{' '.join(args)}: {r.stderr.strip() or r.returncode}")
+    return r
+
+
+# ---- the rig ------------------------------------------------------------------------------------
+
+class Rig:
+    """Three namespaces and two veth pairs (see the module docstring)."""
+
+    def __init__(self, queues: int = 1) -> None:
+        if os.geteuid() != 0:
+            raise BenchError("live benchmarks need root (network namespaces, AF_PACKET)")
+        tag = f"dpub{os.getpid()}"
+        self.ns = {k: f"{tag}-{k}" for k in ("gen", "dut", "sink")}
+        self.tmp = tempfile.mkdtemp(prefix="dpu-livebench-")
+        try:
+            for ns in self.ns.values():
+                _sh("ip", "netns", "add", ns)
+                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+                for scope in ("default", "all"):
+                    _sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"net.ipv6.conf.{scope}.disable_ipv6=1",
+                        check=False)
+            q = ["numrxqueues", str(queues), "numtxqueues", str(queues)]
+            for (na, a, ma), (nb, b, mb) in (((self.ns["gen"], "g0", GEN_MAC), (self.ns["dut"], "in0", IN_MAC)),
+                                             ((self.ns["dut"], "out0", OUT_MAC), (self.ns["sink"], "s0", SINK_MAC))):
+                _sh("ip", "link", "add", "name", a, "netns", na, "address", ma, *q, "type", "veth", "peer", "name", b,
+                    "netns", nb, "address", mb, *q)
+                _sh("ip", "-n", na, "link", "set", a, "up")
+                _sh("ip", "-n", nb, "link", "set", b, "up")
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for ns in self.ns.values():
+            _sh("ip", "netns", "del", ns, check=False)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> "Rig":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def exec(self, where: str, *args: str) -> List[str]:
+        return ["ip", "netns", "exec", self.ns[where], *args]
+
+    def sink_rx(self) -> int:
+        out = _sh("ip", "-n", self.ns["sink"], "-s", "-j", "link", "show", "s0").stdout
+        return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
+
+    def blaster(self, pcap: str, seconds: float) -> subprocess.Popen:
+        return subprocess.Popen(self.exec("gen", sys.executable, "-m", "dpu.traffic", "blast", "--if", "g0", "--pcap",
+                                          pcap, "--seconds", str(seconds)), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def raw_ceiling(self, pcap: str, seconds: float = MEASURE_S) -> dict:
+        """Blaster into g0, a counting receiver on in0 (what one core reads from a veth)."""
+        counter = subprocess.Popen(self.exec("dut", sys.executable, "-m", "dpu.traffic", "count", "--if", "in0",
+                                             "--seconds", str(seconds + WARM_S)), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)
+        b = self.blaster(pcap, seconds + WARM_S)
+        sent = _json(b)
+        got = _json(counter)
+        return {"offered_mpps": round(sent["pps"] / 1e6, 3), "mpps": round(got["pps"] / 1e6, 3)}
+
+    def forwarded(self, pcap: str, seconds: float = MEASURE_S) -> dict:
+        """The blaster into g0 for warm-up + seconds; the sink's count over the last `seconds`."""
+        b = self.blaster(pcap, WARM_S + seconds + 0.5)
+        time.sleep(WARM_S)
+        c0, t0 = self.sink_rx(), time.monotonic()
+        time.sleep(seconds)
+        c1, t1 = self.sink_rx(), time.monotonic()
+        sent = _json(b)
+        return {"mpps": round((c1 - c0) / (t1 - t0) / 1e6, 3), "offered_mpps": round(sent["pps"] / 1e6, 3)}
+
+
+def _json(p: subprocess.Popen) -> dict:
+    out, err = p.communicate(timeout=120)
+    if p.returncode != 0:
+        raise BenchError(f"traffic tool failed: {err.strip()}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+# ---- traffic and configurations per scenario ------------------------------------------------------
+
+N_ROUTES = 1000
+NEXTHOP = "02:00:00:00:0f:02"
+
+
+def _ip(base: str, i: int) -> str:
+    a, b, c, d = (int(x) for x in base.split("."))
+    v = (a << 24 | b << 16 | c << 8 | d) + i
+    return f"{v >> 24 & 255}.{v >> 16 & 255}.{v >> 8 & 255}.{v & 255}"
+
+
+def l3_flows() -> List[str]:
+    return [f"table=0,priority=100,in_port=in0,ip,nw_dst={_ip('10.0.0.0', i)},"
+            f"actions=mod_dl_src:{OUT_MAC},mod_dl_dst:{NEXTHOP},dec_ttl,output:out0" for i in range(N_ROUTES)]
+
+
+def snat_flows() -> List[str]:
+    # one-way UDP stays +new: every packet takes the commit (a no-op once the connection exists)
+    return ["table=0,priority=100,in_port=in0,ip,actions=ct(zone=1,nat,table=1)",
+            "table=1,priority=100,ct_state=+trk+new,ip,actions=ct(commit,zone=1,nat(src=203.0.113.10-203.0.113.13),table=2)",
+            "table=1,priority=90,ct_state=+trk+est,ip,actions=goto_table:2",
+            "table=1,priority=0,actions=drop",
+            f"table=2,priority=100,ip,actions=mod_dl_src:{OUT_MAC},mod_dl_dst:{NEXTHOP},dec_ttl,output:out0"]
+
+
+VXLAN_ENDPOINTS = 1000
+
+
+def vxlan_topology() -> str:
+    remote = "\n".join(f"      - {{vtep: 192.0.2.2, mac: '02:00:00:01:{i >> 8 & 255:02x}:{i & 255:02x}', "
+                       f"ip: {_ip('10.0.0.100', i)}}}" for i in range(VXLAN_ENDPOINTS))
+    return f"""uplink:
+  port: out0
+  ip: 192.0.2.1
+  mac: {OUT_MAC}
+  nexthop_mac: {SINK_MAC}
+tenants:
+  blue:
+    vni: 100
+    gateway_mac: 02:00:00:00:01:01
+    subnets:
+      - {{cidr: 10.0.0.0/16, gateway: 10.0.0.1}}
+    ports:
+      in0: {{mac: '{GEN_MAC}', ip: 10.0.0.11}}
+    remote:
+{remote}
+    flood: [192.0.2.2]
+"""
+
+
+def traffic(scenario: str, flows: int, path: str) -> str:
+    from . import gen
+
+    if scenario == "l3":
+        tmpl = f'Ether(src="{GEN_MAC}",dst="{IN_MAC}")/IP(src="172.16.0.1",dst="10.0.0.0")/UDP(sport=1024,dport=5000)'
+        vary = {"ip.dst": f"10.0.0.0-{_ip('10.0.0.0', N_ROUTES - 1)}", "udp.sport": "1024-65535"}
+    elif scenario == "snat":
+        tmpl = f'Ether(src="{GEN_MAC}",dst="{IN_MAC}")/IP(src="10.0.0.11",dst="198.51.100.1")/UDP(sport=1024,dport=53)'
+        vary = {"udp.sport": "1024-65535", "ip.dst": "198.51.100.1-198.51.100.250"}
+    elif scenario == "vxlan":
+        tmpl = (f'Ether(src="{GEN_MAC}",dst="02:00:00:01:00:00")/IP(src="10.0.0.11",dst="10.0.0.100")'
+                f'/UDP(sport=1024,dport=5000)')
+        vary = {"eth.dst": f"02:00:00:01:00:00-02:00:00:01:{(VXLAN_ENDPOINTS - 1) >> 8:02x}:{(VXLAN_ENDPOINTS - 1) & 255:02x}",
+                "udp.sport": "1024-65535"}
+    else:
+        raise BenchError(f"unknown live scenario {scenario}")
+    gen.generate_pcap(path, tmpl, flows, flows=flows, vary=vary, size=64)
+    return path
+
+
+# ---- devices under test ------------------------------------------------------------------------------
+
+class DpuRun:
+    """``dpu run`` in the dut namespace."""
+
+    def __init__(self, rig: Rig, scenario: str, workers: int = 1, io: str = "afpacket") -> None:
+        args = ["--port", "in0=in0", "--port", "out0=out0", "--no-ctl", "--workers", str(workers), "--io", io]
+        if scenario == "vxlan":
+            path = os.path.join(rig.tmp, "topo.yaml")
+            with open(path, "w") as f:
+                f.write(vxlan_topology())
+            args += ["--config", path]
+        else:
+            path = os.path.join(rig.tmp, f"{scenario}.flows")
+            with open(path, "w") as f:
+                f.write("\n".join(l3_flows() if scenario == "l3" else snat_flows()) + "\n")
+            args += ["--flows", path]
+        self.proc = subprocess.Popen(rig.exec("dut", sys.executable, "-m", "dpu.cli", "run", *args),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        while True:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise BenchError(f"dpu run did not start: {self.proc.communicate()[1]}")
+            if line.startswith("dpu: forwarding on"):
+                break
+
+    def close(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=60)
+        return out
+
+
+class OvsRun:
+    """Open vSwitch's userspace datapath (ovsdb-server + ovs-vswitchd, datapath_type=netdev) in the dut
+    namespace, its own database and run directory, the same flows; ports of type "system" (AF_PACKET)
+    or "afxdp"."""
+
+    def __init__(self, rig: Rig, scenario: str, port_type: str = "system") -> None:
+        for tool in ("ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl"):
+            if not shutil.which(tool):
+                raise BenchError("Open vSwitch is not installed (apt-get install openvswitch-switch)")
+        self.rig = rig
+        d = self.dir = tempfile.mkdtemp(prefix="ovs-", dir=rig.tmp)
+        self.env = dict(os.environ, OVS_RUNDIR=d, OVS_DBDIR=d, OVS_LOGDIR=d, OVS_SYSCONFDIR=d)
+        db, sock = os.path.join(d, "conf.db"), os.path.join(d, "db.sock")
+        _sh("ovsdb-tool", "create", db, "/usr/share/openvswitch/vswitch.ovsschema")
+        self.procs = [subprocess.Popen(rig.exec("dut", "ovsdb-server", db, f"--remote=punix:{sock}",
+                                                f"--unixctl={d}/ovsdb.ctl", f"--log-file={d}/ovsdb.log"),
+                                       env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        self._wait(lambda: os.path.exists(sock), "ovsdb-server")
+        self.vsctl("--no-wait", "init")
+        self.procs.append(subprocess.Popen(rig.exec("dut", "ovs-vswitchd", f"unix:{sock}", f"--unixctl={d}/vswitchd.ctl",
+                                                    f"--log-file={d}/vswitchd.log"),
+                                           env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self._wait(lambda: os.path.exists(f"{d}/vswitchd.ctl"), "ovs-vswitchd")
+        self.vsctl("add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev")
+        for p in ("in0", "out0"):
+            if port_type == "system":
+                self.vsctl("add-port", "br0", p)
+            else:
+                self.vsctl("add-port", "br0", p, "--", "set", "interface", p, f"type={port_type}")
+        if scenario == "vxlan":
+            flows = self._vxlan()
+        else:
+            flows = l3_flows() if scenario == "l3" else snat_flows()
+        path = os.path.join(d, "flows.txt")
+        with open(path, "w") as f:
+            f.write("\n".join(flows) + "\n")
+        _sh(*rig.exec("dut", "ovs-ofctl", "del-flows", f"unix:{d}/br0.mgmt"), env=self.env)
+        _sh(*rig.exec("dut", "ovs-ofctl", "add-flows", f"unix:{d}/br0.mgmt", path), env=self.env)
+        time.sleep(0.5)
+
+    def _vxlan(self) -> List[str]:
+        """br0 holds in0 and a VXLAN port; out0 sits on br-phy whose LOCAL port has the VTEP address."""
+        self.vsctl("del-port", "br0", "out0")
+        self.vsctl("add-br", "br-phy", "--", "set", "bridge", "br-phy", "datapath_type=netdev",
+                   f"other_config:hwaddr={OUT_MAC}")
+        self.vsctl("add-port", "br-phy", "out0")
+        self.vsctl("add-port", "br0", "vx0", "--", "set", "interface", "vx0", "type=vxlan",
+                   "options:remote_ip=flow", "options:key=flow", "options:local_ip=192.0.2.1")
+        _sh(*self.rig.exec("dut", "ip", "addr", "add", "192.0.2.1/24", "dev", "br-phy"))
+        _sh(*self.rig.exec("dut", "ip", "link", "set", "br-phy", "up"))
+        self.appctl("ovs/route/add", "192.0.2.0/24", "br-phy")
+        self.appctl("tnl/neigh/set", "br-phy", "192.0.2.2", SINK_MAC)
+        _sh(*self.rig.exec("dut", "ovs-ofctl", "add-flow", f"unix:{self.dir}/br-phy.mgmt", "actions=NORMAL"),
+            env=self.env)
+        return [f"table=0,priority=100,in_port=in0,dl_dst=02:00:00:01:{i >> 8 & 255:02x}:{i & 255:02x},"
+                f"actions=set_field:0x64->tun_id,set_field:192.0.2.2->tun_dst,output:vx0"
+                for i in range(VXLAN_ENDPOINTS)]
+
+    def _wait(self, ready, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not ready():
+            if time.monotonic() > deadline:
+                raise BenchError(f"{what} did not start (logs in {self.dir})")
+            time.sleep(0.05)
+
+    def vsctl(self, *args: str) -> None:
+        _sh(*self.rig.exec("dut", "ovs-vsctl", f"--db=unix:{self.dir}/db.sock", "--timeout=20", *args), env=self.env)
+
+    def appctl(self, *args: str) -> None:
+        _sh(*self.rig.exec("dut", "ovs-appctl", "-t", f"{self.dir}/vswitchd.ctl", *args), env=self.env)
+
+    def close(self) -> str:
+        for p in reversed(self.procs):
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return ""
+
+
+# ---- scenarios --------------------------------------------------------------------------------------
+
+LIVE_SCENARIOS = {"live-l3": "l3", "live-vxlan": "vxlan", "live-snat": "snat"}
+
+
+def _median(values: List[float]) -> float:
+    return round(statistics.median(values), 3)
+
+
+def measure(rig: Rig, dut_factory, pcap: str, repeat: int) -> dict:
+    dut = dut_factory()
+    try:
+        runs = [rig.forwarded(pcap) for _ in range(repeat)]
+    finally:
+        dut.close()
+    return {"mpps": _median([r["mpps"] for r in runs]), "offered_mpps": _median([r["offered_mpps"] for r in runs]),
+            "runs_mpps": [r["mpps"] for r in runs]}
+
+
+def run_live(name: str, repeat: int = 3, workers=(1, 2), io=("afpacket",), flows=FLOW_COUNTS, ovs: bool = False):
+    """One result per (flows, io, workers) for dpu (and per (flows, port type) for OVS):
+    dicts with the JSON fields of ``dpu bench``."""
+    scenario = LIVE_SCENARIOS[name]
+    out = []
+    with Rig(queues=max(workers)) as rig:
+        for n_flows in flows:
+            pcap = traffic(scenario, n_flows, os.path.join(rig.tmp, f"{scenario}-{n_flows}.pcap"))
+            ceiling = rig.raw_ceiling(pcap)
+            for kind in io:
+                for w in workers:
+                    r = measure(rig, lambda: DpuRun(rig, scenario, w, kind), pcap, repeat)
+                    out.append({"scenario": name, "dut": "dpu", "io": kind, "workers": w, "flows": n_flows,
+                                "packet_size": 64, "repeat": repeat, "raw_ceiling_mpps": ceiling["mpps"],
+                                "ceiling_ratio": round(r["mpps"] / ceiling["mpps"], 3) if ceiling["mpps"] else None,
+                                **r})
+            if ovs:
+                for ptype in ("system", "afxdp"):
+                    try:
+                        r = measure(rig, lambda: OvsRun(rig, scenario, ptype), pcap, repeat)
+                    except BenchError as e:
+                        out.append({"scenario": name, "dut": "ovs", "io": ptype, "flows": n_flows, "error": str(e)})
+                        continue
+                    out.append({"scenario": name, "dut": "ovs", "io": "afpacket" if ptype == "system" else ptype,
+                                "workers": 1, "flows": n_flows, "packet_size": 64, "repeat": repeat,
+                                "raw_ceiling_mpps": ceiling["mpps"], **r})
+    return out
+
+
+def render(res: dict) -> str:
+    if "error" in res:
+        return f"{res['scenario']:<11} {res['dut']:<4} {res['io']:<8} flows={res['flows']}: {res['error']}"
+    return (f"{res['scenario']:<11} {res['dut']:<4} {res['io']:<8} workers={res['workers']} flows={res['flows']:<6} "
+            f"{res['mpps']:6.3f} Mpps forwarded (offered {res['offered_mpps']:.3f}, raw ceiling "
+            f"{res['raw_ceiling_mpps']:.3f})")
+
+
+__all__ = ["LIVE_SCENARIOS", "Rig", "DpuRun", "OvsRun", "run_live", "render", "BenchError"]
+
