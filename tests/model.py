@@ -62,6 +62,18 @@ KEY_WIDTH: Dict[str, int] = {
     "icmpv6_code": 8,
     "arp_sha": 48,
     "arp_tha": 48,
+    # docs/conntrack.md "What a packet knows after ct" (0 before any ct: -trk)
+    "ct_state": 8,
+    "ct_zone": 16,
+    "ct_mark": 32,
+    "ct_label": 128,
+    "ct_nw_src": 32,
+    "ct_nw_dst": 32,
+    "ct_ipv6_src": 128,
+    "ct_ipv6_dst": 128,
+    "ct_nw_proto": 8,
+    "ct_tp_src": 16,
+    "ct_tp_dst": 16,
 }
 
 
@@ -158,6 +170,16 @@ SIMPLE_MATCH = {
     "arp_tha": ("arp_tha", "mac"),
     "metadata": ("metadata", "int"),
     **{f"reg{i}": (f"reg{i}", "int") for i in range(8)},
+    "ct_zone": ("ct_zone", "int"),
+    "ct_mark": ("ct_mark", "int"),
+    "ct_label": ("ct_label", "int"),
+    "ct_nw_src": ("ct_nw_src", "ipv4"),
+    "ct_nw_dst": ("ct_nw_dst", "ipv4"),
+    "ct_ipv6_src": ("ct_ipv6_src", "ipv6"),
+    "ct_ipv6_dst": ("ct_ipv6_dst", "ipv6"),
+    "ct_nw_proto": ("ct_nw_proto", "int"),
+    "ct_tp_src": ("ct_tp_src", "int"),
+    "ct_tp_dst": ("ct_tp_dst", "int"),
 }
 
 SHORTHANDS = {
@@ -278,6 +300,19 @@ def split_top(text: str, seps: str = ",") -> List[str]:
     return [s.strip() for s in out if s.strip()]
 
 
+def _flag_tokens(v: str) -> List[Tuple[str, str]]:
+    """``+a-b+c`` -> [("+", "a"), ("-", "b"), ("+", "c")]."""
+    out, sign, tok = [], None, ""
+    for ch in v + "+":
+        if ch in "+-":
+            if sign is not None:
+                out.append((sign, tok))
+            sign, tok = ch, ""
+        else:
+            tok += ch
+    return out
+
+
 def parse_subfield(text: str) -> Tuple[str, int, int]:
     """``NAME[a..b]`` / ``NAME[]`` / ``NAME[a]`` / ``NAME`` -> (internal field, ofs, nbits)."""
     if "[" in text:
@@ -314,6 +349,23 @@ class Model:
             n: {"rx_packets": 0, "rx_bytes": 0, "tx_packets": 0, "tx_bytes": 0, "dropped": 0, "drops": {}}
             for n in ports
         }
+        from ct_model import Conntrack
+        self.conntrack = Conntrack()
+
+    # ---------------------------------------------------------------- conntrack configuration
+    def ct_config(self, timeouts: Optional[Dict[str, float]] = None, max_connections: Optional[int] = None) -> None:
+        if timeouts:
+            self.conntrack.timeouts.update(timeouts)
+        if max_connections is not None:
+            self.conntrack.max_connections = max_connections
+
+    def set_ct_zones(self, zones: List[Tuple[int, int, bool]]) -> None:
+        """(zone, connection limit or 0, endpoint-independent filtering)."""
+        self.conntrack.zone_limits = {z: lim for z, lim, _ in zones if lim}
+        self.conntrack.zone_eif = {z: bool(e) for z, _, e in zones}
+
+    def ct_dump(self, zone: Optional[int] = None) -> List[str]:
+        return self.conntrack.dump(zone)
 
     # ---------------------------------------------------------------- configuration
     def port(self, text: str) -> int:
@@ -362,6 +414,19 @@ class Model:
             elif k == "nw_frag":
                 fv, fm = NW_FRAG[v]
                 add("nw_frag", fv, fm)
+            elif k == "ct_state":
+                if v[0] in "+-":
+                    from ct_model import CT_STATE_FLAGS
+                    val = mask = 0
+                    for sign, name in _flag_tokens(v):
+                        bit = CT_STATE_FLAGS[name]
+                        mask |= bit
+                        if sign == "+":
+                            val |= bit
+                    add("ct_state", val, mask)
+                else:
+                    val, mask = parse_value(v, "int", 8)
+                    add("ct_state", val, mask)
             elif k == "tcp_flags":
                 if v[0] in "+-":
                     val = mask = 0
@@ -400,6 +465,11 @@ class Model:
     def parse_action(self, a: str) -> tuple:
         if a == "drop":
             return ("drop",)
+        if a.startswith("ct(") and a.endswith(")"):
+            from ct_model import parse_ct_action
+            return ("ct", parse_ct_action(a, split_top, parse_subfield, parse_value))
+        if a == "ct_clear":
+            return ("ct_clear",)
         if a.startswith("drop(") and a.endswith(")"):
             return ("drop_reason", a[5:-1])
         if a in ("in_port", "flood", "all", "dec_ttl"):
@@ -536,10 +606,17 @@ class Model:
         self.groups[gid] = Group(gid, gtype, buckets)
 
     # ---------------------------------------------------------------- packets
-    def process(self, packets: List[Tuple[str, bytes]]) -> List[Tuple[str, bytes, int]]:
+    def process(self, packets: List[Tuple[str, bytes]], timestamps: Optional[List[int]] = None
+                ) -> List[Tuple[str, bytes, int]]:
+        """READING (docs/conntrack.md is silent on the order in which the packets of one
+        batch meet conntrack): packets are processed one after the other, each with all
+        its recirculations; the differential tests give stateful sequences one packet
+        per process() call, which makes the question moot."""
         out: List[Tuple[str, bytes, int]] = []
         self.last_results = []
         for idx, (pname, data) in enumerate(packets):
+            if timestamps is not None:
+                self.conntrack.advance(timestamps[idx])
             res = self.process_one(pname, data)
             self.last_results.append(res)
             for port, pkt in res.outputs:
@@ -553,10 +630,18 @@ class Model:
         st = parse_packet(data, self.port_no[pname])
         ctx = Ctx(self)
         ctx.rx_len = len(data)
+        ctx.in_port = self.port_no[pname]
         try:
-            ctx.lookup(st, 0)
-        except Stop:
-            pass
+            try:
+                ctx.lookup(st, 0)
+            except Stop:
+                pass
+            # docs/conntrack.md "table=T": each copy sent to conntrack is looked up again,
+            # starting in table T. READING: after the pass that sent it (its outputs come
+            # after those of the pass that forked it), copies in the order they were sent,
+            # breadth first (a copy's own copies after the copies already waiting).
+            while ctx.recirc:
+                ctx.recirculate(ctx.recirc.pop(0))
         except ResubmitLimit:
             ctx.outputs = []
             ctx.reason = "resubmit_limit"
@@ -567,7 +652,7 @@ class Model:
         if not outputs:
             ps["dropped"] += 1
             ps["drops"][ctx.reason] = ps["drops"].get(ctx.reason, 0) + 1
-        return Result(outputs, None if outputs else ctx.reason, ctx.log, ctx.limit_in_bucket)
+        return Result(outputs, None if outputs else ctx.reason, ctx.log, ctx.limit_in_bucket, ctx.plain_ct_in_pass)
 
     # ---------------------------------------------------------------- counters
     def flow_stats(self) -> List[dict]:
@@ -610,6 +695,7 @@ class Result:
     drop_reason: Optional[str]
     log: List[str]
     limit_in_bucket: bool = False
+    plain_ct_in_last_pass: bool = False
 
 
 class Stop(Exception):
@@ -635,10 +721,14 @@ class State:
     l4: Optional[int] = None
     l4kind: Optional[str] = None  # "tcp" | "udp" | "sctp" | "icmp" | "icmpv6" when complete
     l4end: int = 0  # end of the L4 region: min(IP datagram end, captured bytes)
+    # (ct_state, ct_zone) the last ct gave this very packet, which the pipeline's view
+    # (key) no longer shows after a ct without table (docs/conntrack.md: a packet that an
+    # earlier ct of the same zone translated ...); cleared by ct_clear
+    ct_dp: Tuple[int, int] = (0, 0)
 
     def copy(self) -> "State":
         return State(bytearray(self.data), dict(self.key), self.eth, self.tags, self.l3, self.l3kind,
-                     self.l4, self.l4kind, self.l4end)
+                     self.l4, self.l4kind, self.l4end, self.ct_dp)
 
 
 def _be(b: bytes) -> int:
@@ -1054,6 +1144,89 @@ class Ctx:
         self.in_bucket = 0
         self.limit_in_bucket = False  # the resubmit limit was hit inside a group bucket
         self.log: List[str] = []
+        self.recirc: List[tuple] = []  # copies waiting for their pass after conntrack
+        self.recirc_depth = 0  # how many recirculations led to the current pass
+        self.in_port = 0
+        self.plain_ct_in_pass = False  # a ct without table ran in the current pass (for a known core bug)
+
+    # ---------------------------------------------------------------- conntrack
+    def ct(self, st: State, act) -> None:
+        """docs/conntrack.md "The ct action"."""
+        from ct_model import CT_FIELDS, MAX_RECIRCULATIONS, CtDrop
+        if act.zone_field is not None:
+            f, ofs, nbits = act.zone_field
+            zone = (read_field(st, f) >> ofs) & _full(nbits)
+        else:
+            zone = act.zone
+        # table=T: a copy goes to conntrack (when ct is the last action "the packet itself
+        # goes", which is the same thing when nothing follows). READING: when the ct(table=T)
+        # is the last action of a rule reached by resubmit, the caller's later actions go
+        # on with the pipeline's own, untracked and untranslated, view -- as after a fork.
+        # Without table the packet itself is tracked and translated: its bytes change, but
+        # READING: its key does not (docs: "only the reinjected copy (table=T) sees the
+        # result"), so later matches and rewrites see the untranslated fields. READING: a
+        # later ct of the same zone still knows that this one translated it (State.ct_dp).
+        work = st.copy() if act.table is not None else st
+        # READING: after a fork the original's view is untracked, but the ct (which ran on
+        # the copy) did not change what earlier cts left on the packet itself (State.ct_dp)
+        try:
+            res = self.model.conntrack.execute(work, act, zone, self.in_port)
+        except CtDrop as e:
+            # docs: "drops the packet", counted under the reason. READING: without table
+            # that is the packet itself: like drop(reason), it ends this pass (copies already
+            # sent to conntrack go on). With table=T it is the copy: the original goes on,
+            # and the copy's drop takes its place among the copies waiting for a pass (so it
+            # is the last reason recorded if nothing comes after it).
+            self.log.append(f"  ct: {e.reason}")
+            if act.table is not None:
+                self.recirc.append(("dropped", e.reason))
+                for f in CT_FIELDS:
+                    st.key[f] = 0
+                return
+            self.reason = e.reason
+            raise Stop()
+        self.log.append(f"  ct(zone={zone}): state={res.state:#x} mark={res.mark:#x}")
+        work.ct_dp = (res.state, zone)
+        if act.table is None:
+            self.plain_ct_in_pass = True
+        if act.table is not None:
+            if self.recirc_depth >= MAX_RECIRCULATIONS:
+                self.reason = "recirc_limit"
+                self.log.append("  recirc_limit")
+            else:
+                # docs: registers, metadata and in_port (as a resubmit may have set it)
+                frozen = {f: st.key[f] for f in ("in_port", "metadata") + tuple(f"reg{i}" for i in range(8))}
+                self.recirc.append((bytes(work.data), frozen, res.key_fields(), act.table, self.recirc_depth + 1))
+        for f in CT_FIELDS:
+            st.key[f] = 0
+
+    def recirculate(self, item: tuple) -> None:
+        if item[0] == "dropped":
+            self.reason = item[1]
+            self.plain_ct_in_pass = False
+            return
+        data, frozen, ctf, table, depth = item
+        # READING: the reinjected copy is parsed again from its (translated) bytes;
+        # registers, metadata and in_port are those frozen at the ct.
+        st = parse_packet(data, frozen["in_port"])
+        st.key.update(frozen)
+        st.key.update(ctf)
+        st.ct_dp = (ctf["ct_state"], ctf["ct_zone"])
+        self.rx_len = len(data)
+        self.recirc_depth = depth
+        self.depth = 0
+        self.resubmits = 0  # READING: each pass is a translation of its own (as in OVS)
+        # READING (README 8 "the last reason recorded", written before recirculation; "a
+        # miss ended the walk"): each pass is a walk of its own that starts with nothing
+        # recorded; a packet that is sent nowhere is counted under the reason of its last
+        # pass.
+        self.reason = "no_output"
+        self.plain_ct_in_pass = False
+        self.log.append(f"recirculation {depth} -> table {table} ({len(data)} bytes)")
+        try:
+            self.lookup(st, table)
+        except Stop:
+            pass
 
     def lookup(self, st: State, table: int) -> None:
         m = self.model
@@ -1085,6 +1258,15 @@ class Ctx:
         m = self.model
         for a in actions:
             op = a[0]
+            if op == "ct":
+                self.ct(st, a[1])
+                continue
+            if op == "ct_clear":
+                for f in ("ct_state", "ct_zone", "ct_mark", "ct_label", "ct_nw_src", "ct_nw_dst", "ct_ipv6_src",
+                          "ct_ipv6_dst", "ct_nw_proto", "ct_tp_src", "ct_tp_dst"):
+                    st.key[f] = 0
+                st.ct_dp = (0, 0)
+                continue
             if op == "output":
                 if a[1] != st.key["in_port"] and a[1] in m.port_name:
                     self.output(st, a[1])
