@@ -1558,45 +1558,17 @@ def run_ct_sequence(dp, model, seq, context: str, collect: Optional[list] = None
 
 
 def ct_compare_counters(dp, model, pkts, context: str) -> None:
-    """compare_counters, except for a known core bug (test_ct_drop_reason_survives_ct_
-    without_table): a packet whose last pass ran a ct without table is counted under
-    no_output whatever reason the pipeline recorded in that pass (a ct's own reasons stay)."""
-    saved = model.port_stats
-    adjusted = copy.deepcopy(saved)
-    for (port, _), r in zip(pkts, model.last_results):
-        if r.drop_reason not in (None, "no_output") + CT_DROPS and r.plain_ct_in_last_pass:
-            drops = adjusted[port]["drops"]
-            drops[r.drop_reason] -= 1
-            if not drops[r.drop_reason]:
-                del drops[r.drop_reason]
-            drops["no_output"] = drops.get("no_output", 0) + 1
-    model.port_stats = adjusted
+    """compare_counters, after the expiries the core's counter read performs."""
     try:
         compare_counters(dp, model, pkts, context)
     finally:
-        model.port_stats = saved
         model.conntrack.release_expired()  # the core did, for the counter read
-
-
-# Known core bug (test_ct_clock_counts_packets_that_skip_conntrack): the core's conntrack
-# clock moves only with packets (batches) that reach a ct action. With non-decreasing
-# timestamps that changes only what a dump shows after the last such packet, so every
-# random sequence ends with a packet from p4 that goes through an uncommitted ct in a
-# zone of its own (it changes no connection) at the time of the last packet.
-CLOCK_SYNC_FLOW = "table=0,priority=65535,cookie=0xffff,in_port=p4,actions=ct(zone=999)"
-
-
-def _clock_sync(t: int):
-    return ("p4", bytes(Ether(src=MAC_OUT, dst=MAC_IN) / IP(src="192.0.2.1", dst="192.0.2.2") / UDP(sport=9, dport=9)),
-            t, "clock sync")
 
 
 @settings(max_examples=CT_EXAMPLES, **SETTINGS)
 @given(flows=ct_rule_sets(), data=st.data())
 def test_ct_random_rules_and_sequences(flows, data):
     seq = data.draw(ct_sequences(flows), label="seq")
-    flows = flows + [CLOCK_SYNC_FLOW]
-    seq = seq + [_clock_sync(seq[-1][2])]
     dp, model = ct_build(flows, timeouts=CT_TIMEOUTS)
     run_ct_sequence(dp, model, seq, _ct_describe(flows, seq))
 
@@ -1991,12 +1963,9 @@ def test_ct_icmp_error_state_does_not_stick_to_its_batch_slot():
     assert [[p for p, _ in o] for o in outs] == [["p4"], ["p3"], ["p3"]]
 
 
-# ---- known core bugs (smallest reproductions) -------------------------------------------
+# ---- core bugs the model found (smallest reproductions, now fixed) -------------------
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: after a ct without table, the pipeline's own drop reasons "
-                                       "(drop(reason), ttl_exceeded, table_miss, action_drop) are counted as "
-                                       "no_output")
 @pytest.mark.parametrize("actions", ["ct(),drop(policy)", "ct(),resubmit(,1)", "resubmit(,1),ct()"])
 def test_ct_drop_reason_survives_ct_without_table(actions):
     """README 8/9: drop(reason) records its reason, a miss records table_miss; a ct in the
@@ -2008,8 +1977,6 @@ def test_ct_drop_reason_survives_ct_without_table(actions):
     assert {k: v for k, v in dp.stats()["ports"]["p1"]["drops"].items() if v} == {expected: 1}
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: the conntrack clock does not jump to the timestamps of "
-                                       "batches whose packets reach no ct action")
 def test_ct_clock_counts_packets_that_skip_conntrack():
     """docs "Timeouts and the clock": the clock jumps ahead whenever a batch's newest
     timestamp is later, and never goes back. A UDP connection made at t=0 (timeout 30.5 s)
@@ -2024,8 +1991,6 @@ def test_ct_clock_counts_packets_that_skip_conntrack():
     assert [o.port for o in out] == ["p3"]  # +new: the connection expired at t=30.5
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: the responder may send the originator's SYN window "
-                                       "multiplied by the originator's window scale")
 @pytest.mark.parametrize("agreed", [False, True])
 def test_ct_window_of_the_syn_is_not_scaled(agreed):
     """docs "Protocols": scaling applies once both SYNs carried the option; max_win is the

@@ -120,6 +120,9 @@ void Worker::process(Batch& in) {
   uninstalled_.clear();
   max_ts_ = 0;
   for (uint32_t i = 0; i < n; i++) max_ts_ = std::max(max_ts_, in.pkts[i]->md.timestamp_ns);
+  // The conntrack clock follows every batch's timestamps, not only those of
+  // batches that reach a ct action: an ARP at t=60 in a replay moves it too.
+  if (max_ts_) dp_->conntrack().now(dp_->now_ns(), static_cast<int64_t>(max_ts_));
   std::vector<Packet*>& cur = cur_;
   std::vector<Packet*>& next = next_;
   cur.assign(in.pkts, in.pkts + n);

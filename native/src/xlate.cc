@@ -506,6 +506,18 @@ void XlateCtx::finish() {
     d.reason = reason_ == DROP_NONE ? static_cast<uint16_t>(DROP_NO_OUTPUT) : reason_;
     out_.actions.push_back(d);
     out_.drop_reason = d.reason;
+  } else if (!out_.has_output && out_.has_ct && reason_ != DROP_NONE) {
+    // No output of its own, but a ct: the reason recorded on the way (a
+    // drop(reason), a miss) is what this instance of the packet dies of. The
+    // trailing DROP carries it; a tracked instance that outputs later still
+    // makes the packet count as sent.
+    const DpAction& tail = out_.actions.back();
+    if (!(tail.type == Dp::CT && tail.ct->recirc_id)) {
+      DpAction d;
+      d.type = Dp::DROP;
+      d.reason = reason_;
+      out_.actions.push_back(d);
+    }
   }
   if (env_.tenants) {
     auto it = env_.tenants->find(flow_.metadata);

@@ -95,23 +95,27 @@ CtUpdate tcp_update(Conn* c, const CtPacket& p, bool reply) {
   bool check_ackskew = true;
 
   if (t.state[s] < TCPS_SYN_SENT) {
-    // The first packet from this side (normally the SYN-ACK).
+    // The first packet from this side (normally the SYN-ACK). The peer has
+    // only sent its SYN, whose window is never scaled (RFC 7323 2.2): that
+    // many bytes, not more, may come back now.
+    uint32_t room = t.max_win[d] << dws;
     if (f & kTcpSyn) {
+      room = t.max_win[d];
       if (t.wscale[d] & kWscaleSet) {
         if (p.wscale >= 0) {  // both sides scale (RFC 7323)
           t.wscale[s] = static_cast<uint8_t>(p.wscale | kWscaleSet);
           sws = static_cast<uint8_t>(p.wscale);
-          win = (win + (1u << sws) - 1) >> sws;  // store windows in unscaled units
+          win = (win + (1u << sws) - 1) >> sws;  // store windows in scaled units
           dws = t.wscale[d] & kWscaleMask;
+          t.max_win[d] = (t.max_win[d] + (1u << dws) - 1) >> dws;  // the SYN's window too, rounded up
         } else {
-          t.max_win[d] <<= t.wscale[d] & kWscaleMask;
           t.wscale[d] = 0;  // the option was not agreed: nobody scales
         }
       }
     }
     t.seqlo[s] = seq;
     t.state[s] = TCPS_SYN_SENT;
-    uint32_t room = std::max<uint32_t>(1, t.max_win[d] << dws);
+    room = std::max<uint32_t>(1, room);
     if (t.seqhi[s] == 1 || seq_geq(end + room, t.seqhi[s])) {
       t.seqhi[s] = end + room;
       check_ackskew = false;  // picking the connection up: no acknowledgement history yet
