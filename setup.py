@@ -4,6 +4,7 @@ The native sources are plain C++17 (native/); only native/bindings/ sees
 Python headers. Set DPU_NATIVE_ARCH=1 to compile for this CPU (-march=native).
 """
 import os
+import subprocess
 import sys
 from glob import glob
 
@@ -38,6 +39,24 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-wrapv"] if os.environ.get("DPU
 if SANITIZE:  # DPU_DEBUG=1: both extensions under ASan+UBSan (preload libasan/libubsan to run)
     CXXFLAGS = [f for f in CXXFLAGS if f != "-O3"] + ["-O0", "-g"] + SANITIZE
 
+
+def _afxdp():
+    """(compile flags, link flags) for the AF_XDP backend (native/src/ports/afxdp.cc) when
+    pkg-config finds libxdp and libbpf; none otherwise, and afxdp.cc builds the stub that says
+    how to get them. DPU_NO_AFXDP=1 builds the stub anyway."""
+    if os.environ.get("DPU_NO_AFXDP"):
+        return [], []
+    try:
+        r = subprocess.run(["pkg-config", "--cflags", "--libs", "libxdp", "libbpf"], capture_output=True, text=True)
+    except OSError:
+        return [], []
+    if r.returncode != 0:
+        return [], []
+    flags = r.stdout.split()
+    return ["-DDPU_HAVE_AFXDP"] + [f for f in flags if f.startswith("-I")], [f for f in flags if f.startswith(("-l", "-L"))]
+
+
+AFXDP_CFLAGS, AFXDP_LIBS = _afxdp()
 CORE_SOURCES = sorted(glob("native/src/*.cc")) + sorted(glob("native/src/*/*.cc")) + ["native/bindings/module.cc"]
 HEADERS = sorted(glob("native/include/dpu/*")) + sorted(glob("native/src/*.h")) + sorted(glob("native/src/*/*.h"))
 
@@ -48,8 +67,8 @@ ext_modules = [
         include_dirs=["native/include", "native/src"],
         cxx_std=17,
         depends=HEADERS,
-        extra_compile_args=CXXFLAGS,
-        extra_link_args=SANITIZE,
+        extra_compile_args=CXXFLAGS + AFXDP_CFLAGS,
+        extra_link_args=SANITIZE + AFXDP_LIBS,
     ),
 ]
 
