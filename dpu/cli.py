@@ -8,16 +8,104 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
+import tempfile
 import time
-from typing import List, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence, Tuple
 
-from .errors import DpuError
+from .errors import DpuError, DpuIOError, InvalidArgumentError, from_os_error
 
 
 def _die(msg: str, code: int = 2) -> None:
     print(f"dpu: {msg}", file=sys.stderr)
     sys.exit(code)
+
+
+# ---- paths the user gives: checked before anything is read or written ---------------
+
+
+def _stat(path: str, what: str) -> Optional[os.stat_result]:
+    """os.stat, None for a path that does not exist; other failures name the path."""
+    if not path:
+        raise InvalidArgumentError(f"{what}: the file name is empty")
+    if "\0" in path:
+        raise InvalidArgumentError(f"{what} {path!r}: a file name cannot contain a NUL byte")
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise from_os_error(e, path, what) from None
+
+
+def _input_file(path: str, what: str) -> str:
+    """A file the command reads: it exists and is not a directory."""
+    st = _stat(path, what)
+    if st is None:
+        raise DpuIOError(f"{path}: no such {what}", file=path, reason="No such file or directory")
+    if stat.S_ISDIR(st.st_mode):
+        raise DpuIOError(f"{path}: is a directory, not a {what}", file=path, reason="Is a directory")
+    return path
+
+
+def _output_dir(path: str, what: str = "--out-dir") -> str:
+    """A directory the command writes into: created if missing; a file in the
+    way, a read-only place or no permission is an error naming it."""
+    st = _stat(path, what)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise DpuIOError(f"{path}: {what} is not a directory (a file is in the way)", file=path,
+                         reason="Not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise from_os_error(e, path, f"cannot create {what}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        reason = os.strerror(30) if _read_only_fs(path) else os.strerror(13)  # EROFS, EACCES
+        raise DpuIOError(f"{path}: cannot write into {what}: {reason}", file=path, reason=reason)
+    return path
+
+
+def _read_only_fs(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _refuse_overwrite(outputs: Iterable[str], inputs: Iterable[Tuple[str, str]]) -> None:
+    """Refuses, before anything is written, an output that is any input (the
+    same file by device and inode: links and other spellings included)."""
+    given = {}
+    for what, path in inputs:
+        try:
+            st = os.stat(path)
+        except (OSError, ValueError):
+            continue  # a missing input is reported when it is read
+        given.setdefault((st.st_dev, st.st_ino), (what, path))
+    for out in outputs:
+        try:
+            st = os.stat(out)
+        except (OSError, ValueError):
+            continue  # not there yet: it cannot be an input
+        hit = given.get((st.st_dev, st.st_ino))
+        if hit is not None:
+            raise InvalidArgumentError(f"{out}: writing it would destroy the {hit[0]} {hit[1]}, an input "
+                                       "(choose another output)", file=out)
+
+
+def _remove_incomplete(paths: Iterable[str]) -> List[str]:
+    """Deletes outputs a failed write left incomplete (regular files only: not
+    a device such as /dev/null or /dev/full); returns those removed."""
+    removed = []
+    for path in paths:
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.remove(path)
+                removed.append(path)
+        except OSError:
+            pass
+    return removed
 
 
 # ---- building a dataplane from --flows / --config / --ports ---------------------------
@@ -33,19 +121,50 @@ def _build(args, port_names: Sequence[str] = ()):
     config = getattr(args, "config", None)
     if config:
         dp.load_topology(config)
-    explicit = [p for p in (getattr(args, "ports", None) or "").split(",") if p]
+    explicit = _port_list(getattr(args, "ports", None) or "")
     # A topology names its ports: a port it does not have is a typo, not a new port.
-    implicit = [] if config else list(port_names)
+    implicit = [] if config else [(n, 0) for n in port_names]
     with dp.transaction() as t:
         have = set(dp.ports)
-        for name in list(explicit) + implicit:
+        for name, ofport in explicit + implicit:
             if name not in have:
-                t.add_port(name)
+                t.add_port(name, ofport)
                 have.add(name)
     flows = getattr(args, "flows", None)
     if flows:
         dp.load_flows(flows, create_ports=not explicit and not config)
+        _warn_tunnel_port(dp, flows, config)
     return dp
+
+
+def _port_list(text: str) -> List[tuple]:
+    """--ports: NAME or NAME=OFPORT, comma-separated."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, _, num = item.partition("=")
+        ofport = 0
+        if num:
+            try:
+                ofport = int(num, 0)
+            except ValueError:
+                ofport = -1
+            if not 1 <= ofport <= 0xfeff:
+                _die(f"--ports: '{item}': the OpenFlow port number must be 1..65279")
+        out.append((name, ofport))
+    return out
+
+
+def _warn_tunnel_port(dp, flows: str, config) -> None:
+    """A flows file written for a topology (dpu compile's output) names its
+    tunnel port; without --config that name is an ordinary port."""
+    from .topology import TUNNEL_PORT
+
+    if not config and TUNNEL_PORT in dp.ports:
+        print(f"dpu: warning: {flows} uses port '{TUNNEL_PORT}', the tunnel port of a compiled topology; "
+              f"without --config it is an ordinary port (no VXLAN encapsulation or decapsulation)",
+              file=sys.stderr)
 
 
 def _parse_in(values: Sequence[str]) -> List[tuple]:
@@ -163,6 +282,9 @@ def cmd_flows(args) -> int:
     if args.ctl:
         return cmd_dump_flows(argparse.Namespace(ctl=args.ctl, match="", strict=False))
     dp = _build(args)
+    # Groups first, as group_id= lines: the listing reads back as a flows file.
+    for g in dp.dump_groups():
+        print(g.text)
     for f in dp.dump_flows():
         print(f.spec if args.plain else f)
     return 0
@@ -352,6 +474,12 @@ def cmd_reload(args) -> int:
 
 
 def cmd_show(args) -> int:
+    if args.flows or args.config or args.ports:
+        return _show_offline(args)
+    if not args.ctl:
+        from .live import DEFAULT_CTL
+
+        args.ctl = DEFAULT_CTL
     s = _ctl(args, "show")
     if args.json:
         print(json.dumps(s, sort_keys=True))
@@ -363,6 +491,18 @@ def cmd_show(args) -> int:
         print(f" {p['ofport']}({p['name']}): {where}")
     for name, h in s["nexthops"].items():
         print(f" next hop {name} {h['ip']} on {h['interface']}: {h['state']}" + (f" at {h['mac']}" if h["mac"] else ""))
+    return 0
+
+
+def _show_offline(args) -> int:
+    """`ovs-ofctl show` for the ports a command would build: OpenFlow number and name."""
+    dp = _build(args)
+    rows = [{"ofport": p["ofport"], "name": p["name"], "tunnel": bool(p.get("tunnel"))} for p in dp.port_info()]
+    if args.json:
+        print(json.dumps({"ports": rows}, sort_keys=True))
+        return 0
+    for r in sorted(rows, key=lambda r: r["ofport"]):
+        print(f" {r['ofport']}({r['name']})" + (": tunnel" if r["tunnel"] else ""))
     return 0
 
 
@@ -383,7 +523,10 @@ def _parser() -> argparse.ArgumentParser:
     def pipeline_args(sp):
         sp.add_argument("--flows", help="flows file (ovs-ofctl syntax, one per line, # comments)")
         sp.add_argument("--config", help="tenant topology file (YAML)")
-        sp.add_argument("--ports", help="comma-separated port names (default: every port the flows name)")
+        sp.add_argument("--ports", metavar="NAME[=OFPORT],...",
+                        help="comma-separated port names, each with its OpenFlow port number if wanted "
+                             "(default: every port the flows name, numbered 1, 2, ... in order of appearance; "
+                             "`dpu show` lists them)")
 
     from .live import DEFAULT_CTL
 
@@ -507,9 +650,11 @@ def _parser() -> argparse.ArgumentParser:
     ctl_arg(sp)
     sp.set_defaults(func=cmd_reload)
 
-    sp = sub.add_parser("show", help="the running dpu's ports, interfaces and next hops")
+    sp = sub.add_parser("show", help="ports with their OpenFlow numbers (ovs-ofctl show): of the running dpu, "
+                                     "or of --config/--flows/--ports")
     sp.add_argument("--json", action="store_true")
-    ctl_arg(sp)
+    pipeline_args(sp)
+    ctl_arg(sp, required_default=False)
     sp.set_defaults(func=cmd_show)
 
     sp = sub.add_parser("bench", help="measure packet rates (Mpps, ns/packet)")

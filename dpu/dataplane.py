@@ -8,14 +8,17 @@ the CLI and the topology compiler use too.
 """
 from __future__ import annotations
 
+import codecs
+import io
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _core
-from .errors import DpuError, FlowParseError, InvalidArgumentError, UnknownPortError
+from .errors import DpuError, DpuIOError, FlowParseError, InvalidArgumentError, UnknownPortError, from_os_error
 
 PacketLike = Union[bytes, bytearray, memoryview, Any]  # Any: a scapy packet
 
@@ -243,26 +246,53 @@ def _tunnel_spec(
     }
 
 
+# The first line of ovs-ofctl's dump-flows/dump-groups output, e.g.
+# "OFPST_FLOW reply (OF1.3) (xid=0x2):" or "NXST_FLOW reply (xid=0x4):".
+_REPLY_HEADER = re.compile(r"^(?:OFPST|NXST)_[A-Z_]+ reply\b")
+
+
+def _is_flow_line(line: str) -> bool:
+    return bool(line) and not line.startswith("#") and not _REPLY_HEADER.match(line)
+
+
 def _flow_lines(flows: Union[str, Iterable[str]]) -> List[str]:
     """Flow texts from a list, or from a multi-line string with # comments."""
     if isinstance(flows, str):
         flows = flows.splitlines()
-    out = []
-    for line in flows:
-        line = line.strip()
-        if line and not line.startswith("#"):
-            out.append(line)
-    return out
+    return [line.strip() for line in flows if _is_flow_line(line.strip())]
 
 
 def read_flows_file(path: Union[str, os.PathLike]) -> List[Tuple[int, str]]:
-    """(line number, flow) for each flow in a file: one per line, # comments, blank lines."""
+    """(line number, flow) for each flow in a file: one per line, # comments,
+    blank lines; UTF-8, a byte-order mark at the start skipped (as YAML does).
+
+    A file that cannot be read (missing, a directory, no permission) raises
+    DpuIOError with the OS reason; bytes that are not UTF-8 raise
+    FlowParseError naming the line and column."""
+    name = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise from_os_error(e, name, "cannot read flows file") from None
+    except ValueError as e:  # a NUL in the name
+        raise DpuIOError(f"{name!r}: not a file name: {e}", file=str(name)) from None
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        start = data.rfind(b"\n", 0, e.start) + 1
+        col = len(data[start:e.start].decode("utf-8", "replace")) + 1
+        raise FlowParseError(f"{name}:{line}: column {col}: byte {data[e.start]:#04x} is not UTF-8 "
+                             "(flows files are UTF-8 text)", file=str(name), line=line, position=col - 1,
+                             reason="not UTF-8") from None
     out = []
-    with open(path, encoding="utf-8") as f:
-        for no, line in enumerate(f, 1):
-            line = line.strip()
-            if line and not line.startswith("#"):
-                out.append((no, line))
+    for no, line in enumerate(io.StringIO(text, newline=None), 1):
+        line = line.strip()
+        if _is_flow_line(line):
+            out.append((no, line))
     return out
 
 

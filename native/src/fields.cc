@@ -374,6 +374,11 @@ Status parse_field_value(const FieldDef& f, std::string_view text, const PortNam
       if (!m.empty()) return bad("in_port cannot be masked");
       u128 n;
       if (parse_uint(v, 32, &n)) {
+        // An OpenFlow port number (`dpu show` lists them): one that names no
+        // port is a mistake, not a match that never hits. Reserved numbers
+        // (0xff00 and up) pass.
+        if (ports && n >= 1 && n < 0xff00 && ports->port_name(static_cast<uint32_t>(n)).empty())
+          return Status::Error(Err::UNKNOWN_PORT, "unknown port " + std::string(v) + " (no port has that number)");
         *value = n;
         return Status::Ok();
       }
@@ -425,7 +430,7 @@ Status parse_field_value(const FieldDef& f, std::string_view text, const PortNam
     }
     if (!ok) return bad("bad mask '" + std::string(m) + "'");
   }
-  if (val & ~mk) return bad("value " + std::string(v) + " has bits outside its mask /" + std::string(m));
+  *value = val & mk;  // bits outside the mask are dropped, as ovs-ofctl does (nw_src=10.0.0.1/24)
   *mask = mk;
   return Status::Ok();
 }
@@ -480,6 +485,10 @@ bool proto_is(const Flow& v, const Flow* m, uint8_t p) {
   return (!m || m->nw_proto == 0xff) && v.nw_proto == p;
 }
 bool ip_any(const Flow& v, const Flow* m) { return type_is(v, m, kEthIp) || type_is(v, m, kEthIpv6); }
+bool arp_any(const Flow& v, const Flow* m) { return type_is(v, m, kEthArp) || type_is(v, m, 0x8035); }
+// Ports need a first fragment or none (as OVS's MFP_TCP/UDP/SCTP; for a match
+// the nw_frag value is checked, not its mask).
+bool not_later(const Flow& v) { return !(v.nw_frag & kFragLater); }
 }  // namespace
 
 bool prereq_met(Prereq p, const Flow& v, const Flow* m) {
@@ -488,13 +497,14 @@ bool prereq_met(Prereq p, const Flow& v, const Flow* m) {
     case Prereq::IPV4: return type_is(v, m, kEthIp);
     case Prereq::IPV6: return type_is(v, m, kEthIpv6);
     case Prereq::IP_ANY: return ip_any(v, m);
-    case Prereq::ARP: return type_is(v, m, kEthArp);
-    case Prereq::IPV4_OR_ARP: return type_is(v, m, kEthIp) || type_is(v, m, kEthArp);
+    case Prereq::ARP: return arp_any(v, m);
+    case Prereq::IPV4_OR_ARP: return type_is(v, m, kEthIp) || arp_any(v, m);
     case Prereq::L4:
-      return ip_any(v, m) && (proto_is(v, m, kIpTcp) || proto_is(v, m, kIpUdp) || proto_is(v, m, kIpSctp));
-    case Prereq::TCP: return ip_any(v, m) && proto_is(v, m, kIpTcp);
-    case Prereq::UDP: return ip_any(v, m) && proto_is(v, m, kIpUdp);
-    case Prereq::SCTP: return ip_any(v, m) && proto_is(v, m, kIpSctp);
+      return ip_any(v, m) && (proto_is(v, m, kIpTcp) || proto_is(v, m, kIpUdp) || proto_is(v, m, kIpSctp)) &&
+             not_later(v);
+    case Prereq::TCP: return ip_any(v, m) && proto_is(v, m, kIpTcp) && not_later(v);
+    case Prereq::UDP: return ip_any(v, m) && proto_is(v, m, kIpUdp) && not_later(v);
+    case Prereq::SCTP: return ip_any(v, m) && proto_is(v, m, kIpSctp) && not_later(v);
     case Prereq::ICMP: return type_is(v, m, kEthIp) && proto_is(v, m, kIpIcmp);
     case Prereq::ICMPV6: return type_is(v, m, kEthIpv6) && proto_is(v, m, kIpIcmpv6);
     case Prereq::ICMP_ANY:
@@ -519,6 +529,11 @@ void prereq_unwildcard(Prereq p, Flow& m) {
     case Prereq::IPV4_OR_ARP:
       m.dl_type = 0xffff;
       return;
+    case Prereq::L4: case Prereq::TCP: case Prereq::UDP: case Prereq::SCTP:
+      m.dl_type = 0xffff;
+      m.nw_proto = 0xff;
+      m.nw_frag |= kFragLater;
+      return;
     default:
       m.dl_type = 0xffff;
       m.nw_proto = 0xff;
@@ -532,12 +547,12 @@ const char* prereq_text(Prereq p) {
     case Prereq::IPV4: return "ip (dl_type=0x0800)";
     case Prereq::IPV6: return "ipv6 (dl_type=0x86dd)";
     case Prereq::IP_ANY: return "ip or ipv6";
-    case Prereq::ARP: return "arp (dl_type=0x0806)";
+    case Prereq::ARP: return "arp (dl_type=0x0806) or rarp (dl_type=0x8035)";
     case Prereq::IPV4_OR_ARP: return "ip or arp";
-    case Prereq::L4: return "tcp, udp or sctp (with ip or ipv6)";
-    case Prereq::TCP: return "tcp or tcp6";
-    case Prereq::UDP: return "udp or udp6";
-    case Prereq::SCTP: return "sctp or sctp6";
+    case Prereq::L4: return "tcp, udp or sctp (with ip or ipv6), not a later fragment";
+    case Prereq::TCP: return "tcp or tcp6, not a later fragment";
+    case Prereq::UDP: return "udp or udp6, not a later fragment";
+    case Prereq::SCTP: return "sctp or sctp6, not a later fragment";
     case Prereq::ICMP: return "icmp";
     case Prereq::ICMPV6: return "icmp6";
     case Prereq::ICMP_ANY: return "icmp or icmp6";

@@ -126,7 +126,7 @@ Status parse_port_arg(std::string_view s, int pos, const PortNames* ports, uint3
   uint64_t n;
   if (parse_u(s, 32, &n) && n > 0) {
     if (ports && ports->port_name(static_cast<uint32_t>(n)).empty())
-      return err_at(Err::UNKNOWN_PORT, "unknown port " + std::string(s), s, pos);
+      return err_at(Err::UNKNOWN_PORT, "unknown port " + std::string(s) + " (no port has that number)", s, pos);
     *out = static_cast<uint32_t>(n);
     return Status::Ok();
   }
@@ -241,6 +241,11 @@ Status parse_flow(std::string_view text, FlowCmd cmd, const PortNames* ports, Fl
         return err_at(Err::PARSE, "a cookie mask only selects flows (del/mod/dump)", it.whole, it.pos);
       out->cookie = c;
       out->cookie_mask = cm;
+      continue;
+    }
+    if (k == "duration" || k == "n_packets" || k == "n_bytes" || k == "idle_age" || k == "hard_age") {
+      // Statistics, as dump-flows prints them: ignored (as ovs-ofctl does),
+      // so that dump-flows output reads back as a flows file.
       continue;
     }
     if (k == "idle_timeout" || k == "hard_timeout") {
