@@ -105,6 +105,29 @@ def check_interface(name: str, ifname: str) -> Optional[str]:
     return None
 
 
+def interface_queues(ifname: str) -> Optional[int]:
+    """Queues an interface can both receive and transmit on (sysfs), or None when unknown."""
+    try:
+        names = os.listdir(f"/sys/class/net/{ifname}/queues")
+    except OSError:
+        return None
+    return min(sum(n.startswith("rx-") for n in names), sum(n.startswith("tx-") for n in names))
+
+
+def check_afxdp_queues(name: str, ifname: str, workers: int) -> Optional[str]:
+    """AF_XDP binds worker i to queue i: too few queues is an error; more queues than workers
+    is a warning (what the interface puts on the others goes to the kernel, not to dpu)."""
+    n = interface_queues(ifname)
+    fix = f"ethtool -L {ifname} combined {workers} (veth: rx {workers} tx {workers}, and the same on its peer)"
+    if n is not None and n < workers:
+        raise LiveError(f"port {name}: interface {ifname} has {n} queue(s), --workers {workers} needs {workers} "
+                        f"with --io afxdp (one queue per worker): {fix}")
+    if n is not None and n > workers:
+        return (f"port {name}: interface {ifname} has {n} queues and --workers {workers}: with --io afxdp, frames on "
+                f"queues {workers}..{n - 1} go to the kernel, not to dpu ({fix})")
+    return None
+
+
 def parse_metrics_addr(text: str) -> Tuple[str, int]:
     """``[host:]port`` (host defaults to 127.0.0.1; ``[v6]:port`` for IPv6)."""
     host, sep, port = text.rpartition(":")
@@ -167,6 +190,10 @@ class Instance:
             w = check_interface(name, ifname)
             if w:
                 self.warnings.append(w)
+            if o.io == "afxdp":
+                w = check_afxdp_queues(name, ifname, o.workers)
+                if w:
+                    self.warnings.append(w)
         if not _has_cap(CAP_NET_RAW):
             raise LiveError("dpu run needs root or CAP_NET_RAW to open its interfaces")
         for p in dp.port_info():

@@ -123,6 +123,16 @@ struct XdpAttachment {
   }
 };
 
+// Why a driver refused native mode, where the error number alone is cryptic.
+const char* native_hint(int err) {
+  switch (err) {
+    case EOPNOTSUPP: return ", the driver has no native XDP";
+    case ENOSPC: return ", veth: its peer transmits on more queues than this end receives on";
+    case ERANGE: return ", veth: its peer's MTU is too large for XDP on this kernel";
+    default: return "";
+  }
+}
+
 std::mutex g_attach_mu;
 std::map<int, std::weak_ptr<XdpAttachment>> g_attached;  // by ifindex
 
@@ -162,7 +172,8 @@ Status attach(const QueueSpec& spec, int ifindex, std::shared_ptr<XdpAttachment>
     lo.flags = XDP_FLAGS_SKB_MODE;
     a->link_fd = bpf_link_create(a->prog_fd, ifindex, BPF_XDP, &lo);
     if (a->link_fd < 0) return xdp_error(spec.ifname, "attaching the XDP program", errno);
-    a->mode = std::string("generic XDP (SKB mode: native attach failed: ") + std::strerror(drv_err) + ")";
+    a->mode = std::string("generic XDP (SKB mode: native attach failed: ") + std::strerror(drv_err) +
+              native_hint(drv_err) + ")";
   }
   // Promiscuous for as long as this socket lives (a membership, not a flag left set).
   a->promisc_fd = socket(AF_PACKET, SOCK_RAW, 0);
