@@ -172,6 +172,24 @@ def test_interface_down_and_up_while_running(lab):
     d.stop()
 
 
+def test_generic_xdp_when_the_driver_refuses_native(lab):
+    lab.set_queues(1)
+    nsexec(lab.ns["vm1"], "ethtool", "-L", "eth0", "tx", "2")  # veth: native XDP wants rx queues >= the peer's tx
+    try:
+        d = lab.start_dpu(extra=AFXDP)
+        notes = [line.strip() for line in d.stderr_lines if line.startswith("dpu: note:")]
+        assert notes == ["dpu: note: interface vm1 queue 0: AF_XDP, generic XDP (SKB mode: native attach failed: "
+                         "No space left on device, veth: its peer transmits on more queues than this end receives "
+                         "on), copy mode, multi-buffer (jumbo frames)"], d.stderr_lines
+        assert "xdpgeneric" in ip(lab.ns["dpu"], "link", "show", "vm1").stdout
+        assert lab.ping("vm1", "10.0.0.21")
+        tcp_both_ways(lab, 5401, 1 * MB)
+        assert d.stop()[0] == 0
+        assert lab.xdp_attached() == []
+    finally:
+        nsexec(lab.ns["vm1"], "ethtool", "-L", "eth0", "tx", "1")
+
+
 def test_jumbo_frames_over_a_jumbo_underlay(tmp_path):
     lab = XdpLab(str(tmp_path), underlay_mtu=9266)  # VMs get 9216: several UMEM chunks a frame
     try:
