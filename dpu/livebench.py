@@ -53,6 +53,7 @@ class Rig:
     """Three namespaces and two veth pairs (see the module docstring)."""
 
     def __init__(self, queues: int = 1) -> None:
+        self.queues = queues
         if os.geteuid() != 0:
             raise BenchError("live benchmarks need root (network namespaces, AF_PACKET)")
         tag = f"dpub{os.getpid()}"
@@ -75,6 +76,17 @@ class Rig:
         except BaseException:
             self.close()
             raise
+
+    def set_queues(self, n: int) -> None:
+        """n queues on both ends of both veth pairs. An AF_XDP device under test reads one queue per
+        worker (dpu) or per configured rxq (OVS: one), and what the kernel puts on another queue
+        never reaches it; native XDP on a veth also wants its receive queues to cover the peer's
+        transmit queues. AF_PACKET reads every queue, whatever n is."""
+        if n == self.queues:
+            return
+        for where, dev in (("gen", "g0"), ("dut", "in0"), ("dut", "out0"), ("sink", "s0")):
+            _sh(*self.exec(where, "ethtool", "-L", dev, "rx", str(n), "tx", str(n)))
+        self.queues = n
 
     def close(self) -> None:
         for ns in self.ns.values():
@@ -342,12 +354,14 @@ def run_live(name: str, repeat: int = 3, workers=(1, 2), io=("afpacket",), flows
             ceiling = rig.raw_ceiling(pcap)
             for kind in io:
                 for w in workers:
+                    rig.set_queues(w)
                     r = measure(rig, lambda: DpuRun(rig, scenario, w, kind), pcap, repeat)
                     out.append({"scenario": name, "dut": "dpu", "io": kind, "workers": w, "flows": n_flows,
                                 "packet_size": 64, "repeat": repeat, "raw_ceiling_mpps": ceiling["mpps"],
                                 "ceiling_ratio": round(r["mpps"] / ceiling["mpps"], 3) if ceiling["mpps"] else None,
                                 **r})
             if ovs:
+                rig.set_queues(1)  # OVS reads one queue a port (options:n_rxq=1)
                 for ptype in ("system", "afxdp"):
                     try:
                         r = measure(rig, lambda: OvsRun(rig, scenario, ptype), pcap, repeat)
