@@ -38,7 +38,7 @@ def arp_request(src_mac, src_ip, target_ip):
 
 
 def vxlan(inner, vni, src_vtep, dst_vtep=VTEP_LOCAL, sport=49999, flags=0x08, udp_chksum=0):
-    """An underlay VXLAN packet. flags=0x08 explicitly: scapy's default is VXLAN-GPE (DESIGN.md)."""
+    """An underlay VXLAN packet. flags=0x08 explicitly: scapy's default is VXLAN-GPE (docs/design.md, "Pitfalls")."""
     outer = (
         Ether(src=NEXTHOP_MAC, dst=UPLINK_MAC)
         / IP(src=src_vtep, dst=dst_vtep, flags="DF")

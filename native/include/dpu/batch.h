@@ -2,7 +2,7 @@
 //
 // A Packet is metadata plus a 2 KiB buffer with 128 bytes of headroom
 // so tunnel encapsulation can prepend headers without moving the frame; a big
-// packet (jumbo frames, up to kMaxFrame bytes) is the same header followed by
+// packet (jumbo frames, up to Packet::max_capacity() bytes) is the same header followed by
 // a 10 KiB buffer, from a pool of its own, so the 64-byte path pays nothing
 // for it. A Batch holds up to kBatchMax packet pointers; every stage takes a
 // whole batch.

@@ -1,7 +1,7 @@
 // rule.h: what the control plane writes: matches, OpenFlow-level actions,
 // rules (flows in tables) and groups.
 //
-// These are the *first level* of rules (DESIGN.md "Two levels of rules"): the
+// These are the *first level* of rules (docs/design.md, "Two levels of rules"): the
 // slow path (xlate.cc) walks them; the fast path never sees them. Rules are
 // immutable once committed except for their statistics, which the slow path's
 // xlate cache credits from megaflow counters (see dataplane.h, "stats push").

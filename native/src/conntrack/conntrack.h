@@ -1,6 +1,6 @@
 // conntrack.h: the connection table, shared by every worker of a dataplane.
 //
-// Stage "conntrack" of the fast path (DESIGN.md, "The path of a packet"):
+// Stage "conntrack" of the fast path (docs/design.md, "The path of a packet"):
 //   Uses:  a packet sent to conntrack by a ct action (CtSpec: zone, commit,
 //          nat, exec) at its parsed offsets, and the conntrack clock.
 //   Sets:  the packet's ct_state, ct_zone, ct_mark and CtPacketMeta (label,

@@ -4,7 +4,7 @@
 // Receive: a TPACKET_V3 ring of `block_nr` blocks of `block_size` bytes,
 // memory-mapped; the kernel hands a block over when it is full or after
 // `retire_ms`, and the worker copies each frame into a pool buffer (frames
-// of up to kMaxFrame bytes: jumbo frames included). A VLAN tag the kernel
+// of up to Packet::max_capacity() bytes: jumbo frames included). A VLAN tag the kernel
 // took off is put back; a checksum the sender left to offload (veth) is
 // finished, so the dataplane always sees wire bytes. The sockets of one
 // interface form a PACKET_FANOUT group (hash of the flow), so N workers
@@ -13,7 +13,9 @@
 // Transmit: sendmmsg on the same socket with PACKET_QDISC_BYPASS (straight to
 // the driver, as a DPDK port would).
 // The interface is put in promiscuous mode (a membership, dropped with the
-// socket) and receive offloads that merge frames (GRO, LRO) are turned off.
+// socket) and GRO, the receive offload that merges frames, is turned off (and
+// left off when dpu exits, as ethtool would leave it; LRO is off on veth and
+// forwarding hosts already).
 //
 // Offloads a local sender left undone: with PACKET_VNET_HDR the kernel says,
 // per frame, where a checksum is still to be filled in and whether the frame

@@ -1,6 +1,6 @@
 // port_io.h: the port-I/O seam. A worker receives through RxQueues and
 // transmits through TxQueues; the worker loop is the same whatever is behind
-// them (DESIGN.md "Port I/O is one interface"):
+// them (docs/design.md, "Port I/O"):
 //
 //   memory   mem_rx.h: a list of frames (process) or template frames cycled (bench)
 //   pcap     pcap_rx.h: capture files merged by timestamp (replay); writers as sinks
