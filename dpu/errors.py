@@ -1,7 +1,11 @@
 """Exceptions raised by dpu.
 
-Every error from the native core arrives as one of these (the mapping from C++
-status codes lives in one place, native/bindings/module.cc). Each carries where
+Every error from the native core arrives as one of these, through one mapping
+from the core's status codes (``dpu::Err``, native/include/dpu/status.h) to
+classes: :data:`NATIVE_ERRORS` and :func:`from_native`, which both native
+extensions use (native/bindings/module.cc for dpu._core, dpu.gen for
+dpu._gen). An operating-system error on a file the user named becomes a
+:class:`DpuIOError` through :func:`from_os_error`. Each carries where
 the problem is: ``token`` and ``position`` (0-based character offset) inside a
 flow, ``line`` (1-based) in a list or file of flows, ``file`` and ``record``
 (1-based) in a capture file, or ``path`` in a topology file.
@@ -91,3 +95,44 @@ class ControlError(DpuError):
 
 class TopologyError(DpuError, ValueError):
     """A tenant topology that cannot be compiled; ``path`` names the offending key."""
+
+
+#: The one mapping from the native core's status codes (the names of
+#: ``dpu::Err`` in native/include/dpu/status.h) to exception classes.
+NATIVE_ERRORS = {
+    "PARSE": FlowParseError,
+    "UNKNOWN_PORT": UnknownPortError,
+    "UNKNOWN_TABLE": UnknownTableError,
+    "UNKNOWN_GROUP": UnknownGroupError,
+    "UNKNOWN_FIELD": UnknownFieldError,
+    "BAD_VALUE": BadValueError,
+    "CONFLICT": ConflictError,
+    "PCAP": PcapError,
+    "IO": DpuIOError,
+    "INVALID": InvalidArgumentError,
+}
+
+
+def from_native(code: str, message: str, **where) -> DpuError:
+    """The exception for a native status: ``code`` is the ``dpu::Err`` name
+    (any other name gives a plain DpuError), ``where`` the location keywords
+    (token, position, line, file, record, reason)."""
+    return NATIVE_ERRORS.get(str(code).upper(), DpuError)(message, **where)
+
+
+def show_path(path) -> str:
+    """A file name as an error message prints it: as given, or quoted with
+    escapes (Python's repr) when it holds a newline or another character that
+    would not print, so that an error stays one line."""
+    s = str(path)
+    return s if s.isprintable() else repr(s)
+
+
+def from_os_error(e: OSError, path=None, doing: str = "") -> DpuIOError:
+    """``PATH: [doing: ]REASON`` for an OSError on a file the user named, the
+    reason as the OS says it (e.g. "No such file or directory")."""
+    name = path if path is not None else (e.filename if e.filename is not None else "")
+    name = str(name)
+    reason = e.strerror or str(e)
+    text = f"{doing}: {reason}" if doing else reason
+    return DpuIOError(f"{show_path(name)}: {text}" if name else text, reason=reason, file=name or None)
