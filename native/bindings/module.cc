@@ -4,7 +4,7 @@
 // as buffers (bytes + numpy offset/length/port arrays), never packet by packet,
 // and the GIL is released around everything that touches packets or tables.
 // C++ Status codes become dpu.errors exceptions here and only here
-// (raise_status).
+// (raise_status, through dpu.errors.from_native: the one code-to-class mapping).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -28,31 +28,42 @@ using DataplaneClass = py::class_<Dataplane>;
 
 namespace {
 
-[[noreturn]] void raise_status(const Status& s) {
-  const char* cls = "DpuError";
-  switch (s.code) {
-    case Err::PARSE: cls = "FlowParseError"; break;
-    case Err::UNKNOWN_PORT: cls = "UnknownPortError"; break;
-    case Err::UNKNOWN_TABLE: cls = "UnknownTableError"; break;
-    case Err::UNKNOWN_GROUP: cls = "UnknownGroupError"; break;
-    case Err::UNKNOWN_FIELD: cls = "UnknownFieldError"; break;
-    case Err::BAD_VALUE: cls = "BadValueError"; break;
-    case Err::CONFLICT: cls = "ConflictError"; break;
-    case Err::PCAP: cls = "PcapError"; break;
-    case Err::IO: cls = "DpuIOError"; break;
-    case Err::INVALID: cls = "InvalidArgumentError"; break;
-    case Err::OK: break;
+// The status code's name (dpu::Err); dpu.errors.from_native maps names to
+// exception classes, the one mapping for both native extensions.
+const char* err_name(Err code) {
+  switch (code) {
+    case Err::OK: return "OK";
+    case Err::PARSE: return "PARSE";
+    case Err::UNKNOWN_PORT: return "UNKNOWN_PORT";
+    case Err::UNKNOWN_TABLE: return "UNKNOWN_TABLE";
+    case Err::UNKNOWN_GROUP: return "UNKNOWN_GROUP";
+    case Err::UNKNOWN_FIELD: return "UNKNOWN_FIELD";
+    case Err::BAD_VALUE: return "BAD_VALUE";
+    case Err::CONFLICT: return "CONFLICT";
+    case Err::PCAP: return "PCAP";
+    case Err::IO: return "IO";
+    case Err::INVALID: return "INVALID";
   }
+  return "UNKNOWN";
+}
+
+// Text of a status as str; a token or file name cut inside a UTF-8 sequence
+// must not turn the error into a UnicodeDecodeError.
+py::object status_text(const std::string& t) {
+  return py::reinterpret_steal<py::object>(PyUnicode_DecodeUTF8(t.data(), static_cast<Py_ssize_t>(t.size()), "replace"));
+}
+
+[[noreturn]] void raise_status(const Status& s) {
   py::gil_scoped_acquire gil;
   py::object errors = py::module_::import("dpu.errors");
   py::dict kw;
-  kw["token"] = s.token.empty() ? py::none() : py::cast(s.token);
+  kw["token"] = s.token.empty() ? py::none() : status_text(s.token);
   kw["position"] = s.position >= 0 ? py::cast(s.position) : py::none();
   kw["line"] = s.line >= 0 ? py::cast(s.line) : py::none();
-  kw["file"] = s.file.empty() ? py::none() : py::cast(s.file);
+  kw["file"] = s.file.empty() ? py::none() : status_text(s.file);
   kw["record"] = s.record >= 0 ? py::cast(s.record) : py::none();
-  kw["reason"] = s.message;
-  py::object exc = errors.attr(cls)(s.describe(), **kw);
+  kw["reason"] = status_text(s.message);
+  py::object exc = errors.attr("from_native")(err_name(s.code), status_text(s.describe()), **kw);
   PyErr_SetObject(py::type::handle_of(exc).ptr(), exc.ptr());
   throw py::error_already_set();
 }

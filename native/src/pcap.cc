@@ -277,7 +277,10 @@ Status PcapWriter::open(const std::string& path) {
 
 void PcapWriter::flush() {
   if (!f_ || n_ == 0) return;
-  if (std::fwrite(buf_.data(), 1, n_, f_) != n_) error_ = true;
+  if (std::fwrite(buf_.data(), 1, n_, f_) != n_ && !error_) {
+    error_ = true;
+    errno_ = errno;
+  }
   n_ = 0;
 }
 
@@ -295,10 +298,17 @@ void PcapWriter::write(uint64_t ts_ns, const uint8_t* data, uint32_t len) {
 Status PcapWriter::close() {
   if (!f_) return Status::Ok();
   flush();
-  bool bad = error_ || std::fclose(f_) != 0;
+  if (std::fflush(f_) != 0 && !error_) {
+    error_ = true;
+    errno_ = errno;
+  }
+  if (std::fclose(f_) != 0 && !error_) {
+    error_ = true;
+    errno_ = errno;
+  }
   f_ = nullptr;
-  if (bad) {
-    Status s = Status::Error(Err::IO, "write failed");
+  if (error_) {
+    Status s = Status::Error(Err::IO, std::string("write failed: ") + std::strerror(errno_ ? errno_ : EIO));
     s.file = path_;
     return s;
   }

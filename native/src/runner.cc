@@ -121,18 +121,20 @@ Status Replayer::open() {
     Status st = rx_->add(ri.port, ri.path);
     if (!st.ok()) return st;
   }
-  struct stat in_st[64];
-  size_t n_in = 0;
-  for (const ReplayInput& ri : spec_)
-    if (n_in < 64 && ::stat(ri.path.c_str(), &in_st[n_in]) == 0) n_in++;
+  std::vector<struct stat> in_st;  // every input: an output that is any of them is refused
+  in_st.reserve(spec_.size());
+  for (const ReplayInput& ri : spec_) {
+    struct stat st;
+    if (::stat(ri.path.c_str(), &st) == 0) in_st.push_back(st);
+  }
   for (const PortInfo& p : dp_->ports()) {
     if (p.tunnel) continue;
     if (writers_->files.size() <= p.ofport) writers_->files.resize(p.ofport + 1);
     std::string path = out_dir_ + "/" + p.name + ".pcap";
     struct stat out_st;
     if (::stat(path.c_str(), &out_st) == 0) {
-      for (size_t i = 0; i < n_in; i++) {
-        if (in_st[i].st_dev == out_st.st_dev && in_st[i].st_ino == out_st.st_ino) {
+      for (const struct stat& in : in_st) {
+        if (in.st_dev == out_st.st_dev && in.st_ino == out_st.st_ino) {
           Status s = Status::Error(Err::INVALID, "this input is also the output of port " + p.name +
                                                      ": writing it would destroy it (use another --out-dir)");
           s.file = path;

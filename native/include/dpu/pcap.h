@@ -94,6 +94,7 @@ class PcapWriter {
   size_t n_ = 0;
   uint64_t packets_ = 0;
   bool error_ = false;
+  int errno_ = 0;  // the first failed write's reason (named in close()'s error)
 };
 
 }  // namespace dpu
