@@ -33,12 +33,14 @@ outer fields above change.
 any other seed permutes each field's values by a seeded bijection
 ((a*d + b) mod n), so flows stay distinct, reproducibly.
 
-Templates: a scapy packet, a string scapy expression evaluated with the names
-of ``scapy.all`` only (this is ``eval``: give it trusted text only), or raw
-frame bytes. The frame must start with an Ethernet header. An unset Ethernet
-destination/source becomes ff:ff:ff:ff:ff:ff / 00:00:00:00:00:00 (scapy's
-offline defaults) so that building never sends an ARP or neighbour
-solicitation to resolve it.
+Templates: a scapy packet, a string scapy expression (evaluated by
+:mod:`dpu.packet_expr`, with the names of ``scapy.all`` only: this is ``eval``,
+give it trusted text only), or raw frame bytes. The frame must start with an
+Ethernet header. Addresses scapy would take from the host (Ethernet
+destination and source, IP/IPv6/ARP source) get the fixed defaults of
+:mod:`dpu.packet_expr` when unset (ff:ff:ff:ff:ff:ff, 00:00:00:00:00:00,
+0.0.0.0, ::), so building never sends an ARP or neighbour solicitation and
+the same template gives the same bytes on every machine.
 
 Ranges: a value, 'first-last' (ints, IPv4/IPv6/MAC addresses) or an address
 prefix 'addr/len' (every address in it, network and broadcast included). A
@@ -59,8 +61,8 @@ from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 
-from . import _gen
-from .errors import DpuIOError, InvalidArgumentError, PcapError
+from . import _gen, packet_expr
+from .errors import InvalidArgumentError, from_native
 
 __all__ = ["Packets", "generate", "generate_pcap", "read_pcap", "FIELDS"]
 
@@ -107,9 +109,17 @@ _ALIASES.update({
     "vlan.id": "vlan.vid", "vlan": "vlan.vid", "dot1q.vlan": "vlan.vid", "dot1q.vid": "vlan.vid",
     "ipv4.src": "ip.src", "ipv4.dst": "ip.dst", "ipv4.ttl": "ip.ttl", "ipv4.tos": "ip.tos",
     "tcp.sport": "l4.sport", "tcp.dport": "l4.dport", "udp.sport": "l4.sport", "udp.dport": "l4.dport",
+    # the names of the flow syntax (ovs-fields(7)), as in --flows files and dump-flows
+    "dl_src": "eth.src", "dl_dst": "eth.dst", "eth_src": "eth.src", "eth_dst": "eth.dst",
+    "dl_vlan": "vlan.vid", "vlan_vid": "vlan.vid",
+    "nw_src": "ip.src", "nw_dst": "ip.dst", "ip_src": "ip.src", "ip_dst": "ip.dst", "nw_ttl": "ip.ttl",
+    "ipv6_src": "ipv6.src", "ipv6_dst": "ipv6.dst",
+    "tp_src": "l4.sport", "tp_dst": "l4.dport", "tcp_src": "l4.sport", "tcp_dst": "l4.dport",
+    "udp_src": "l4.sport", "udp_dst": "l4.dport",
 })
 
-#: Field names accepted in ``vary`` (with aliases).
+#: Field names accepted in ``vary``: dpu's (eth.src, ip.dst, l4.sport, ...), scapy-style
+#: aliases (udp.sport, ...) and the flow syntax's (dl_src, nw_dst, tp_src, tcp_dst, ...).
 FIELDS = tuple(sorted(_ALIASES))
 
 _IP_KEYS = {"ip.src", "ip.dst", "ipv6.src", "ipv6.dst", "l4.sport", "l4.dport"}
@@ -187,16 +197,9 @@ def _template_packet(template):
             raise _err(f"template: {len(raw)} bytes is shorter than an Ethernet header (14)")
         return S.Ether(raw), True
     if isinstance(template, str):
-        names = {k: v for k, v in vars(S).items() if not k.startswith("_")}
-        try:
-            pkt = eval(compile(template, "<template>", "eval"), {"__builtins__": {}}, names)  # noqa: S307
-        except Exception as e:  # noqa: BLE001 - any error in the user's expression
-            raise _err(f"template {template!r}: {type(e).__name__}: {e}") from None
-        if not isinstance(pkt, S.Packet):
-            raise _err(f"template {template!r} gives a {type(pkt).__name__}, not a scapy packet")
-        return pkt, False
+        return packet_expr.evaluate(template, "template"), False
     if isinstance(template, S.Packet):
-        return template.copy(), False
+        return packet_expr.offline_defaults(template.copy()), False
     raise TypeError(f"template must be a scapy packet, a scapy expression string or bytes, "
                     f"not {type(template).__name__}")
 
@@ -223,13 +226,6 @@ def _build(template, size: Optional[int]) -> bytes:
     if not isinstance(pkt, S.Ether):
         raise _err(f"template starts with {pkt.__class__.__name__}; it must start with Ether() "
                    "(frames are Ethernet)")
-    for layer in _layers(pkt):
-        if isinstance(layer, S.Ether):
-            # never let scapy resolve these (ARP / neighbour solicitation on the host's network)
-            if layer.fields.get("dst") is None:
-                layer.dst = "ff:ff:ff:ff:ff:ff"
-            if layer.fields.get("src") is None:
-                layer.src = "00:00:00:00:00:00"
     if from_bytes and pkt.haslayer(S.Padding):  # captured frames carry trailing padding: size decides
         pkt[S.Padding].underlayer.remove_payload()
     try:
@@ -347,7 +343,7 @@ def _plan_fields(vary: Dict[str, object], lay: _Layout) -> List[_Field]:
             raise _err(f"vary: {given!r} and {seen[name]!r} are the same field ({name})")
         seen[name] = given
         fd = _FIELD_DEFS[name]
-        proto = given.strip().lower().split(".")[0]
+        proto = re.split(r"[._]", given.strip().lower())[0]
         if fd.layer == "vlan":
             if lay.vlan is None:
                 raise _err(f"vary[{given!r}]: the template has no Dot1Q (VLAN) header")
@@ -530,9 +526,8 @@ class Packets:
 
 
 def _native_error(e: "_gen.NativeError") -> Exception:
-    if e.kind == "pcap":
-        return PcapError(e.message, file=e.file, record=e.record)
-    return DpuIOError(e.message, file=e.file)
+    # e.kind is the status code's name in lower case ("io", "pcap", "other")
+    return from_native(e.kind, e.message, file=e.file, record=e.record)
 
 
 # --------------------------------------------------------------------------- API
