@@ -14,7 +14,7 @@ import tempfile
 import time
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from .errors import DpuError, DpuIOError, InvalidArgumentError, from_os_error
+from .errors import DpuError, DpuIOError, InvalidArgumentError, from_os_error, show_path
 
 
 def _die(msg: str, code: int = 2) -> None:
@@ -46,6 +46,8 @@ def _input_file(path: str, what: str) -> str:
         raise DpuIOError(f"{path}: no such {what}", file=path, reason="No such file or directory")
     if stat.S_ISDIR(st.st_mode):
         raise DpuIOError(f"{path}: is a directory, not a {what}", file=path, reason="Is a directory")
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):  # /dev/zero would be read forever
+        raise DpuIOError(f"{path}: is a device, not a {what}", file=path, reason="is a device")
     return path
 
 
@@ -90,8 +92,51 @@ def _refuse_overwrite(outputs: Iterable[str], inputs: Iterable[Tuple[str, str]])
             continue  # not there yet: it cannot be an input
         hit = given.get((st.st_dev, st.st_ino))
         if hit is not None:
-            raise InvalidArgumentError(f"{out}: writing it would destroy the {hit[0]} {hit[1]}, an input "
-                                       "(choose another output)", file=out)
+            raise InvalidArgumentError(f"{show_path(out)}: writing it would destroy the {hit[0]} "
+                                       f"{show_path(hit[1])}, an input (choose another output)", file=out)
+
+
+class _atomic_output:
+    """``with _atomic_output(path) as tmp:`` write ``tmp``; it becomes ``path``
+    only when the block succeeds (a rename in the same directory), so a failed
+    write (disk full, ...) leaves no truncated file and an old ``path`` intact.
+    A path that is not a regular file (/dev/null, a FIFO) is written directly."""
+
+    def __init__(self, path: str, what: str) -> None:
+        st = _stat(path, what)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise DpuIOError(f"{path}: is a directory ({what} takes a file name)", file=path, reason="Is a directory")
+        self.path, self.tmp = path, None
+        if st is None or stat.S_ISREG(st.st_mode):
+            d, base = os.path.split(path)
+            try:
+                fd, self.tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=d or ".")
+                os.close(fd)
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(self.tmp, stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~umask)
+            except OSError as e:
+                raise from_os_error(e, path, "cannot create") from None
+
+    def __enter__(self) -> str:
+        return self.tmp or self.path
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.tmp is None:
+            return False
+        if exc_type is None:
+            try:
+                os.replace(self.tmp, self.path)
+                return False
+            except OSError as e:
+                _remove_incomplete([self.tmp])
+                raise from_os_error(e, self.path, "cannot write") from None
+        _remove_incomplete([self.tmp])
+        if isinstance(exc, DpuError) and exc.file == self.tmp:  # name the file the user gave
+            exc.file = self.path
+            exc.args = tuple(a.replace(self.tmp, self.path) if isinstance(a, str) else a for a in exc.args)
+            exc.message = exc.message.replace(self.tmp, self.path)
+        return False
 
 
 def _remove_incomplete(paths: Iterable[str]) -> List[str]:
@@ -120,7 +165,7 @@ def _build(args, port_names: Sequence[str] = ()):
     dp = Dataplane()
     config = getattr(args, "config", None)
     if config:
-        dp.load_topology(config)
+        dp.load_topology(_input_file(config, "topology file"))
     explicit = _port_list(getattr(args, "ports", None) or "")
     # A topology names its ports: a port it does not have is a typo, not a new port.
     implicit = [] if config else [(n, 0) for n in port_names]
@@ -214,18 +259,32 @@ def cmd_replay(args) -> int:
     inputs = _parse_in(args.inputs)
     if not args.flows and not args.config:
         _die("replay needs --flows and/or --config")
+    for _, path in inputs:
+        _input_file(path, "capture file")
     dp = _build(args, [p for p, _ in inputs])
+    outputs = _replay_outputs(dp, args.out_dir)
+    _refuse_overwrite(outputs, _given_inputs(args, inputs))
+    _output_dir(args.out_dir)
     progress = _Progress(not args.no_progress)
     try:
         summary = dp.replay(inputs, args.out_dir, progress=progress)
     except DpuError as e:
         progress.close()
         partial = getattr(e, "summary", None)
+        removed = []
+        if isinstance(e, DpuIOError) and e.file and os.path.normpath(e.file) in map(os.path.normpath, outputs):
+            removed = _drop_incomplete_outputs(partial, e.file)  # a write failed: no incomplete output stays
         if partial is not None and not args.json:
             print(partial.render())
+            for port, path in partial.outputs.items():
+                print(f"  {port}: {path}")
+            for path in removed:
+                print(f"  removed {path}: incomplete after the failed write")
         elif partial is not None:
             d = partial.as_dict()
             d["error"] = str(e)
+            if removed:
+                d["removed"] = removed
             print(json.dumps(d, sort_keys=True))
         raise
     progress.close()
@@ -238,27 +297,57 @@ def cmd_replay(args) -> int:
     return 0
 
 
-def _scapy_eval(expr: str):
-    import scapy.all as scapy_all
+def _replay_outputs(dp, out_dir: str) -> List[str]:
+    """The files a replay writes: one pcap per port that is not a tunnel."""
+    return [os.path.join(out_dir, f"{p['name']}.pcap") for p in dp.port_info() if not p.get("tunnel")]
 
-    namespace = {k: getattr(scapy_all, k) for k in dir(scapy_all) if not k.startswith("_")}
-    try:
-        pkt = eval(expr, {"__builtins__": {}}, namespace)  # the user's own scapy expression
-    except Exception as e:  # noqa: BLE001 - report any scapy/Python error plainly
-        _die(f"cannot build packet from '{expr}': {e}")
-    return pkt
+
+def _given_inputs(args, pcaps: Sequence[tuple] = ()) -> List[Tuple[str, str]]:
+    """Every file the user gave as an input: flows file, topology, captures."""
+    out = []
+    if getattr(args, "flows", None):
+        out.append(("flows file", args.flows))
+    if getattr(args, "config", None):
+        out.append(("topology file", args.config))
+    out += [("capture file", path) for _, path in pcaps]
+    return out
+
+
+def _drop_incomplete_outputs(summary, failed: str) -> List[str]:
+    """After a failed write: removes the file that failed and every other
+    output whose size is not what its port sent (24-byte header, 16 bytes and
+    the frame per packet), so no truncated file looks complete; the summary
+    then lists only the outputs that are whole."""
+    if summary is None:
+        return _remove_incomplete([failed])
+    suspect = [failed]
+    for port, path in list(summary.outputs.items()):
+        c = summary.ports.get(port, {})
+        want = 24 + 16 * c.get("tx_packets", 0) + c.get("tx_bytes", 0)
+        try:
+            whole = os.path.getsize(path) == want and path != failed
+        except OSError:
+            whole = False
+        if not whole:
+            suspect.append(path)
+            del summary.outputs[port]
+    return _remove_incomplete(dict.fromkeys(suspect))
 
 
 def cmd_trace(args) -> int:
     if not args.flows and not args.config and not args.ctl:
         _die("trace needs --flows and/or --config, or --ctl for a running dpu")
-    if args.hex:
+    if args.hex is not None and args.packet is not None:
+        _die("trace takes a scapy expression or --hex, not both")
+    if args.hex is not None:
+        data = _hex_arg(args.hex)
+    elif args.packet is not None:
+        from .packet_expr import build
+
         try:
-            data = bytes.fromhex(args.hex.replace(":", "").replace(" ", ""))
-        except ValueError:
-            _die("--hex takes hexadecimal bytes")
-    elif args.packet:
-        data = bytes(_scapy_eval(args.packet))
+            data = build(args.packet, "packet")
+        except InvalidArgumentError as e:
+            _die(f"cannot build packet from {args.packet!r}: {e.reason}")
     else:
         _die("trace needs a scapy expression or --hex")
     if args.ctl:
@@ -278,6 +367,21 @@ def cmd_trace(args) -> int:
     return 0
 
 
+def _hex_arg(text: str) -> bytes:
+    """--hex: hexadecimal bytes, optionally separated by ':' or blanks (as tcpdump -xx and Wireshark copy them)."""
+    digits = "".join(text.replace(":", " ").replace("-", " ").split())
+    if digits[:2].lower() == "0x":
+        digits = digits[2:]
+    if not digits:
+        raise InvalidArgumentError("--hex: the hex string is empty")
+    for i, ch in enumerate(digits):
+        if ch not in "0123456789abcdefABCDEF":
+            raise InvalidArgumentError(f"--hex: {ch!r} (digit {i + 1}) is not a hexadecimal digit")
+    if len(digits) % 2:
+        raise InvalidArgumentError(f"--hex: {len(digits)} hex digits is not a whole number of bytes")
+    return bytes.fromhex(digits)
+
+
 def cmd_flows(args) -> int:
     if args.ctl:
         return cmd_dump_flows(argparse.Namespace(ctl=args.ctl, match="", strict=False))
@@ -293,7 +397,7 @@ def cmd_flows(args) -> int:
 def cmd_compile(args) -> int:
     from .topology import compile_topology, load_topology
 
-    comp = compile_topology(load_topology(args.topology))
+    comp = compile_topology(load_topology(_input_file(args.topology, "topology file")))
     if args.check:
         from .dataplane import Dataplane
 
@@ -312,8 +416,9 @@ def cmd_gen(args) -> int:
         k, r = v.split("=", 1)
         vary[k] = r
     t0 = time.perf_counter()
-    n = gen.generate_pcap(args.output, args.template, args.count, flows=args.flows, vary=vary or None,
-                          size=args.size, seed=args.seed)
+    with _atomic_output(args.output, "-o") as tmp:
+        n = gen.generate_pcap(tmp, args.template, args.count, flows=args.flows, vary=vary or None,
+                              size=args.size, seed=args.seed)
     dt = time.perf_counter() - t0
     print(f"wrote {n} packets to {args.output} in {dt:.2f}s ({n / dt / 1e6:.2f} Mpps)")
     return 0
@@ -367,10 +472,13 @@ def cmd_ct(args) -> int:
         _die("ct dump needs captures to replay (--in PORT=FILE) to build the table from")
     if not args.flows and not args.config:
         _die("ct dump needs --flows and/or --config")
-    import tempfile
-
     inputs = _parse_in(args.inputs)
+    for _, path in inputs:
+        _input_file(path, "capture file")
     dp = _build(args, [p for p, _ in inputs])
+    if args.out_dir:
+        _refuse_overwrite(_replay_outputs(dp, args.out_dir), _given_inputs(args, inputs))
+        _output_dir(args.out_dir)
     with tempfile.TemporaryDirectory(prefix="dpu-ct-") as tmp:
         dp.replay(inputs, args.out_dir or tmp)
     for c in dp.conntrack(zone=args.zone):
@@ -409,10 +517,7 @@ def cmd_add_flow(args) -> int:
 def cmd_add_flows(args) -> int:
     from .dataplane import read_flows_file
 
-    try:
-        numbered = read_flows_file(args.file)
-    except OSError as e:
-        _die(f"{args.file}: {e.strerror}")
+    numbered = read_flows_file(args.file)  # a file it cannot read: DpuIOError naming it
     n = _ctl(args, "add-flows", flows=[list(x) for x in numbered], file=args.file)
     print(f"added {n} flows")
     return 0
@@ -509,14 +614,69 @@ def _show_offline(args) -> int:
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
+    _output_dir(args.out_dir)
     return run_demo(out_dir=args.out_dir, packets=args.packets, as_json=args.json)
 
 
 # ---- main ----------------------------------------------------------------------------------
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" for every option with a default its help does not
+    already state (no "(default: None)" or "(default: False)")."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if ("default" in text.lower() or d is None or d is False or d == [] or d is argparse.SUPPRESS
+                or action.required or not (action.option_strings or action.nargs in ("?", "*"))):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every command's parser: defaults in --help, and a usage error that ends
+    in one "dpu: COMMAND: ..." line like every other error."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        cmd = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        self.exit(2, f"dpu: {cmd + ': ' if cmd else ''}{message}\n")
+
+
+def _int_arg(lo: int, hi: Optional[int] = None):
+    """An argparse type: a whole number in lo..hi (decimal or 0x hex)."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            try:
+                v = int(text, 0)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+        if v < lo or (hi is not None and v > hi):
+            want = f"{lo}..{hi}" if hi is not None else ("positive" if lo == 1 else f"at least {lo}")
+            raise argparse.ArgumentTypeError(f"must be {want}, got {v}")
+        return v
+
+    return parse
+
+
+def _version() -> str:
+    """The version of the code that runs (dpu.__version__, pyproject.toml's, checked by a test)."""
+    from . import __version__
+
+    return __version__
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dpu", description="A userspace packet dataplane.")
+    p = _Parser(prog="dpu", description="A userspace packet dataplane.")
+    p.add_argument("--version", action="version", version=f"dpu {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -540,7 +700,8 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("demo", help="run the built-in topology and traffic through the pipeline")
     sp.add_argument("--out-dir", default="dpu-demo", help="where to write input and output pcaps")
-    sp.add_argument("--packets", type=int, default=200_000, help="packets of generated traffic")
+    sp.add_argument("--packets", type=_int_arg(1), default=200_000,
+                    help="packets of generated traffic (at least one per traffic stream is sent)")
     sp.add_argument("--json", action="store_true", help="print the summary as JSON")
     sp.set_defaults(func=cmd_demo)
 
@@ -548,7 +709,8 @@ def _parser() -> argparse.ArgumentParser:
     pipeline_args(sp)
     sp.add_argument("--in", dest="inputs", action="append", default=[], metavar="PORT=FILE", required=True,
                     help="input capture for a port (repeatable)")
-    sp.add_argument("--out-dir", required=True, help="directory for <port>.pcap outputs")
+    sp.add_argument("--out-dir", required=True,
+                    help="directory for <port>.pcap outputs (created if missing; an output that is an input is refused)")
     sp.add_argument("--json", action="store_true", help="print the summary as JSON")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
     sp.set_defaults(func=cmd_replay)
@@ -586,12 +748,17 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("gen", help="generate traffic from a scapy template into a pcap")
     sp.add_argument("template", help="scapy expression, e.g. 'Ether()/IP()/UDP()'")
-    sp.add_argument("-n", "--count", type=int, default=1000, help="number of packets")
-    sp.add_argument("--flows", type=int, default=None, help="number of distinct flows")
+    sp.add_argument("-n", "--count", type=_int_arg(1), default=1000, help="number of packets")
+    sp.add_argument("--flows", type=_int_arg(1), default=None,
+                    help="number of distinct flows (default: every packet its own flow when --vary is given)")
     sp.add_argument("--vary", action="append", metavar="FIELD=RANGE",
-                    help="field to vary per flow, e.g. ip.dst=10.0.0.0/16 or udp.sport=1000-2000")
-    sp.add_argument("--size", type=int, default=None, help="frame size in bytes (padded)")
-    sp.add_argument("--seed", type=int, default=0)
+                    help="field to vary per flow, e.g. nw_dst=10.0.0.0/16 or tp_src=1000-2000; fields: "
+                         "dl_src, dl_dst, dl_vlan, nw_src, nw_dst, nw_ttl, ipv6_src, ipv6_dst, tp_src, tp_dst "
+                         "(also eth.src, ip.dst, udp.sport, ... and ip.tos, ipv6.hlim)")
+    sp.add_argument("--size", type=_int_arg(14, 262144), default=None,
+                    help="frame size in bytes, padded (default: the template's own size)")
+    sp.add_argument("--seed", type=_int_arg(0), default=0,
+                    help="0: each field's values in order; other values permute them reproducibly")
     sp.add_argument("-o", "--output", required=True, help="output pcap")
     sp.set_defaults(func=cmd_gen)
 
@@ -600,13 +767,14 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--flows", help="flows file (on top of the topology's, or alone)")
     sp.add_argument("--port", action="append", default=[], metavar="NAME=INTERFACE", required=True,
                     help="attach a port to a Linux interface (repeatable)")
-    sp.add_argument("--workers", type=int, default=1, help="forwarding worker threads (default 1)")
+    sp.add_argument("--workers", type=_int_arg(1, 64), default=1, help="forwarding worker threads, 1..64 (default 1)")
     sp.add_argument("--io", default="afpacket", choices=["afpacket", "afxdp"], help="I/O backend (default afpacket)")
     sp.add_argument("--ctl", default=DEFAULT_CTL, metavar="PATH", help=f"control socket (default {DEFAULT_CTL})")
     sp.add_argument("--no-ctl", action="store_true", help="no control socket")
     sp.add_argument("--metrics", metavar="[HOST:]PORT", default=None,
                     help="serve Prometheus metrics here (off by default; host defaults to 127.0.0.1)")
-    sp.add_argument("--burst", type=int, default=32, help="frames a worker takes from a queue at a time (1-256)")
+    sp.add_argument("--burst", type=_int_arg(1, 256), default=32,
+                    help="frames a worker takes from a queue at a time (1-256)")
     sp.set_defaults(func=cmd_run)
 
     sp = sub.add_parser("dump-flows", help="print the running dpu's flows (ovs-ofctl dump-flows)")
@@ -658,10 +826,16 @@ def _parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_show)
 
     sp = sub.add_parser("bench", help="measure packet rates (Mpps, ns/packet)")
-    sp.add_argument("scenarios", nargs="*", help="scenario names (default: all)")
+    from .bench import SCENARIOS
+    from .livebench import LIVE_SCENARIOS
+
+    sp.add_argument("scenarios", nargs="*", metavar="SCENARIO",
+                    help=f"scenarios to run (default: all but live-*): {', '.join(list(SCENARIOS) + list(LIVE_SCENARIOS))}")
     sp.add_argument("--json", action="store_true", help="one JSON object per line per scenario")
-    sp.add_argument("--packets", type=int, default=None, help="packets per measured run")
-    sp.add_argument("--repeat", type=int, default=5, help="measured runs; the median is reported")
+    sp.add_argument("--packets", type=_int_arg(1), default=None,
+                    help="packets per measured run (default: 10,000,000)")
+    sp.add_argument("--repeat", type=_int_arg(1), default=5,
+                    help="measured runs; the median is reported (replay-10m and live-*: at most 3)")
     sp.add_argument("--stages", action="store_true", help="also measure ns/packet per stage")
     sp.add_argument("--workers", default="1,2", help="live-*: worker counts to measure (default 1,2)")
     sp.add_argument("--io", default="afpacket", help="live-*: I/O backends, comma-separated (afpacket, afxdp)")
@@ -699,17 +873,36 @@ def _merge_file(args):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    """The dpu command. Every failure ends in one "dpu: ..." line on stderr
+    and a non-zero exit: 2 for a usage error, 1 for an error naming the file,
+    line, column or record, 70 for a bug (no Python traceback unless
+    DPU_TRACEBACK=1 asks for it)."""
     try:
+        args = _parser().parse_args(argv)
         return args.func(args) or 0
     except DpuError as e:
-        print(f"dpu: {type(e).__name__}: {e}", file=sys.stderr)
+        msg = str(e)
+        if isinstance(e.file, str) and e.file and not e.file.isprintable():  # a name with a newline: one line
+            msg = msg.replace(e.file, show_path(e.file))
+        print(f"dpu: {type(e).__name__}: {msg}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a file the checks above could not foresee (e.g. it vanished meanwhile)
+        print(f"dpu: {type(e).__name__}: {from_os_error(e)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
+    except MemoryError:
+        print("dpu: out of memory", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - the guard: a bug still ends in one line, not a traceback
+        if os.environ.get("DPU_TRACEBACK"):
+            raise
+        print(f"dpu: internal error: {type(e).__name__}: {e} (a bug in dpu; DPU_TRACEBACK=1 shows where)",
+              file=sys.stderr)
+        return 70
 
 
 if __name__ == "__main__":

@@ -12,13 +12,15 @@ import codecs
 import io
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _core
-from .errors import DpuError, DpuIOError, FlowParseError, InvalidArgumentError, UnknownPortError, from_os_error
+from .errors import (DpuError, DpuIOError, FlowParseError, InvalidArgumentError, UnknownPortError, from_os_error,
+                     show_path)
 
 PacketLike = Union[bytes, bytearray, memoryview, Any]  # Any: a scapy packet
 
@@ -272,8 +274,14 @@ def read_flows_file(path: Union[str, os.PathLike]) -> List[Tuple[int, str]]:
     name = os.fspath(path)
     try:
         with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):  # /dev/zero would be read forever
+                raise DpuIOError(f"{show_path(name)}: is a device, not a flows file", file=str(name),
+                                 reason="is a device")
             data = f.read()
     except OSError as e:
+        if isinstance(e, DpuError):
+            raise
         raise from_os_error(e, name, "cannot read flows file") from None
     except ValueError as e:  # a NUL in the name
         raise DpuIOError(f"{name!r}: not a file name: {e}", file=str(name)) from None
@@ -285,7 +293,7 @@ def read_flows_file(path: Union[str, os.PathLike]) -> List[Tuple[int, str]]:
         line = data.count(b"\n", 0, e.start) + 1
         start = data.rfind(b"\n", 0, e.start) + 1
         col = len(data[start:e.start].decode("utf-8", "replace")) + 1
-        raise FlowParseError(f"{name}:{line}: column {col}: byte {data[e.start]:#04x} is not UTF-8 "
+        raise FlowParseError(f"{show_path(name)}:{line}: column {col}: byte {data[e.start]:#04x} is not UTF-8 "
                              "(flows files are UTF-8 text)", file=str(name), line=line, position=col - 1,
                              reason="not UTF-8") from None
     out = []

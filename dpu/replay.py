@@ -113,7 +113,10 @@ def replay(
         error = e
     finally:
         summary.seconds = time.perf_counter() - t0
-        r.close()
+        try:
+            r.close()
+        except DpuError as e:  # a write that failed (disk full, ...): reported with the summary
+            error = error or e
     stats1 = dp.stats()
     after = stats1["ports"]
     summary.tenants = {name: _port_delta(c, tenants_before.get(name)) for name, c in stats1["tenants"].items()}
