@@ -15,12 +15,18 @@ ParallelCompile("DPU_BUILD_JOBS", default=os.cpu_count() or 2).install()
 
 CXXFLAGS = ["-O3", "-g", "-std=c++17", "-fno-strict-aliasing", "-fno-plt", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 def _host_isa():
-    """x86-64-v3 (AVX2, BMI2, SSE4.2) when this machine has it: a source build
-    runs where it is built. DPU_NATIVE_ARCH=1 asks for -march=native instead,
-    DPU_PORTABLE=1 for the plain x86-64 baseline."""
+    """The instruction set to compile for.
+
+    A wheel (bdist_wheel, `pip wheel`, `python -m build`) may run on another
+    machine: the x86-64 baseline, unless DPU_HOST_ISA=1. A source build
+    (`pip install -e .`, `setup.py build_ext --inplace`) runs where it is
+    built: x86-64-v3 (AVX2, BMI2, SSE4.2) when this machine has it.
+    DPU_NATIVE_ARCH=1 asks for -march=native, DPU_PORTABLE=1 for the baseline."""
     if os.environ.get("DPU_NATIVE_ARCH"):
         return ["-march=native"]
     if os.environ.get("DPU_PORTABLE"):
+        return []
+    if "bdist_wheel" in sys.argv and not os.environ.get("DPU_HOST_ISA"):
         return []
     try:
         with open("/proc/cpuinfo") as f:

@@ -160,6 +160,8 @@ class Instance:
         self.started_at = 0.0
         self.attached: Dict[str, str] = {}     # port name -> interface
         self._stop = threading.Event()
+        self._signals: List[int] = []
+        self._old_handlers: Optional[dict] = None
 
     # ---- before anything runs ------------------------------------------------------
     def open(self) -> None:
@@ -246,22 +248,33 @@ class Instance:
                 part.close()
         self.resolver = self.control = self.metrics = None
 
-    def wait(self) -> int:
-        """Forwards until SIGINT or SIGTERM; returns the signal number."""
-        got = []
+    def trap_signals(self) -> None:
+        """From now on SIGINT and SIGTERM stop the instance (wait() returns)
+        instead of killing the process: called before anything is announced,
+        so a signal sent as soon as dpu says it forwards still ends cleanly."""
+        if self._old_handlers is not None:
+            return
 
         def on_signal(signum, _frame):
-            got.append(signum)
+            self._signals.append(signum)
             self._stop.set()
 
-        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def wait(self) -> int:
+        """Forwards until SIGINT or SIGTERM; returns the signal number."""
+        self.trap_signals()
         try:
             while not self._stop.wait(0.5):
                 pass
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-        return got[0] if got else 0
+            self.release_signals()
+        return self._signals[0] if self._signals else 0
+
+    def release_signals(self) -> None:
+        for s, h in (self._old_handlers or {}).items():
+            signal.signal(s, h)
+        self._old_handlers = None
 
     # ---- changes while running --------------------------------------------------------
     def effective_topology(self):
@@ -372,9 +385,11 @@ def run(opts: LiveOptions, out=None) -> int:
     inst.open()
     for w in inst.warnings:
         print(f"dpu: warning: {w}", file=sys.stderr)
+    inst.trap_signals()
     try:
         inst.start()
     except DpuError as e:
+        inst.release_signals()
         inst.close()
         raise LiveError(str(e)) from None
     names = ", ".join(f"{n}={i}" for n, i in opts.ports)

@@ -323,6 +323,16 @@ def test_sigterm_under_load_exits_cleanly(tmp_path):
     assert not [line for line in sh("ip", "-o", "link").stdout.splitlines() if lab.tag in line]
 
 
+def test_sigterm_as_soon_as_it_says_it_forwards(lab):
+    """The signal handlers are in place before dpu announces itself: a SIGTERM
+    sent the moment the line appears still ends in exit 0 and the counters."""
+    d = lab.start_dpu()
+    rc, out, err = d.stop(signal.SIGTERM)
+    assert rc == 0, err
+    assert "Interfaces:" in out and "Traceback" not in err
+    assert not os.path.exists(d.ctl)
+
+
 def test_errors_before_start_are_one_line(lab, tmp_path):
     topo = lab.topology()
     bad = tmp_path / "bad.yaml"
