@@ -94,7 +94,19 @@ class ControlError(DpuError):
 
 
 class TopologyError(DpuError, ValueError):
-    """A tenant topology that cannot be compiled; ``path`` names the offending key."""
+    """A tenant topology that cannot be compiled; ``path`` names the offending key.
+
+    From a YAML file or text, ``file``, ``line`` and ``column`` (1-based) say
+    where it is written. A topology with several mistakes raises one error for
+    all of them: the message has one line per mistake, and ``errors`` lists them
+    (one TopologyError each, in file order); the attributes are the first one's.
+    """
+
+    def __init__(self, message: str, *, column: Optional[int] = None,
+                 errors: Optional[list] = None, **kwargs) -> None:
+        super().__init__(message, **kwargs)
+        self.column = column
+        self.errors: list = list(errors) if errors else [self]
 
 
 #: The one mapping from the native core's status codes (the names of
