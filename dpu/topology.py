@@ -20,13 +20,19 @@ Pipeline (tables):
 Every compiled flow carries a cookie with TOPOLOGY_COOKIE in its top byte, so
 a reload replaces exactly the compiled flows and keeps the user's own.
 Validation happens before anything is applied; errors name the path in the
-file (``tenants.red.ports.vm3.ip: ...``).
+file (``tenants.red.ports.vm3.ip: ...``) and, for YAML, the file, line and
+column (``topo.yaml:12:27: tenants.red.ports.vm3.ip: ...``), all of a file's
+mistakes at once. The reader is strict where YAML is lenient: a key written
+twice, an alias (``*name``), a tag, or nesting deeper than MAX_DEPTH is an
+error, and each scalar field checks its type (``strict_vxlan: 'false'`` is not
+a boolean). See "reading a topology file" below.
 """
 from __future__ import annotations
 
 import ipaddress
 import os
 import re
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -145,33 +151,437 @@ class Topology:
     ct_max_connections: Optional[int] = None
 
 
-# ---- loading and validation --------------------------------------------------------
+# ---- reading a topology file ------------------------------------------------------------
+#
+# The file is read as bytes (UTF-8, an optional BOM), parsed into YAML events
+# (libyaml when PyYAML has it) and built into plain dicts and lists here, not by
+# PyYAML's constructor, so that the loader can refuse what a topology never needs
+# and what can hurt: aliases (an alias bomb expands without bound), nesting deeper
+# than MAX_DEPTH (no recursion is involved, but no topology needs it), tags other
+# than YAML's plain scalars, and a key written twice in one mapping (YAML would
+# keep the last one silently). It also remembers where each key and value was
+# written, so that every error names its file, line and column.
+
+MAX_DEPTH = 64                  # nesting levels a topology file may use (it needs 7)
+MAX_FILE_BYTES = 256 << 20      # a larger file is refused before it is parsed
+MAX_ERRORS = 100                # errors listed by one TopologyError; the rest are counted
+
+_TAG = "tag:yaml.org,2002:"
+_STR, _MAP, _SEQ, _MERGE = _TAG + "str", _TAG + "map", _TAG + "seq", _TAG + "merge"
+_SCALAR_TAGS = frozenset(_TAG + t for t in ("null", "bool", "int", "float", "timestamp", "binary"))
+_INDEX_RE = re.compile(r"\[(\d+)\]")
+_COMPONENT_RE = re.compile(r"[^.\[]*")
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
+_REPR.maxlevel = 2
+
+
+def _short(value: Any) -> str:
+    """repr(value), cut short: an error message never formats a large object."""
+    try:
+        return _REPR.repr(value)
+    except Exception:  # noqa: BLE001 - e.g. an integer too long to print
+        if isinstance(value, int):
+            return f"<a {value.bit_length()}-bit integer>"
+        return f"<{type(value).__name__}>"
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    """``text``, its middle cut out when it is longer than ``limit``."""
+    return text if len(text) <= limit else f"{text[:limit * 2 // 3]}...{text[-(limit // 3 - 3):]}"
+
+
+def _ks(key: Any) -> str:
+    """A mapping key as it appears in an error path."""
+    if isinstance(key, str):
+        return key
+    try:
+        return str(key) if isinstance(key, (int, float, type(None))) else _short(key)
+    except ValueError:  # an integer too long to print
+        return _short(key)
+
+
+def _child(path: str, key: Any) -> str:
+    return f"{path}.{_ks(key)}" if path else _ks(key)
+
+
+class _Abort(Exception):
+    """The item being validated is bad; its error is recorded in _V.errors."""
+
+
+class _Guard:
+    """``with v.guard:`` ends the current item at its first error and goes on
+    with the next one, so that one load reports every independent mistake."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, value, tb) -> bool:
+        return kind is not None and issubclass(kind, _Abort)
+
+
+_GUARD = _Guard()
+_BAD = object()      # a field that failed validation (its error is recorded)
+_NO_KEY = object()
+
+
+class _Doc:
+    """A parsed YAML document: the data, and where each key and value was written."""
+
+    def __init__(self) -> None:
+        self.data: Any = None
+        self.root_place: Tuple[int, int] = (1, 1)
+        # id(dict or list) -> (the object, {key: (key place, value place)} or [value place])
+        self.places: Dict[int, Tuple[Any, Any]] = {}
+
+    def locate(self, path: str, at_key: bool = False) -> Tuple[int, int]:
+        """(line, column) of the value at ``path`` (``tenants.blue.subnets[1].cidr``),
+        of its key with ``at_key``; for a path that goes on past what the file has
+        (a missing key), the place of the last key it does have."""
+        obj, rest = self.data, path
+        kplace = vplace = self.root_place
+        while rest:
+            entry = self.places.get(id(obj))
+            if entry is None or entry[0] is not obj:
+                break
+            kids = entry[1]
+            if isinstance(obj, list):
+                m = _INDEX_RE.match(rest)
+                if not m or int(m.group(1)) >= len(obj):
+                    break
+                i = int(m.group(1))
+                kplace = vplace = kids[i]
+                obj, rest = obj[i], rest[m.end():]
+            else:
+                key = self._key_at(obj, rest)
+                if key is _NO_KEY:
+                    break
+                kplace, vplace = kids[key]
+                obj, rest = obj[key], rest[len(_ks(key)):]
+            if rest.startswith("."):
+                rest = rest[1:]
+        if rest:
+            return kplace
+        return kplace if at_key else vplace
+
+    @staticmethod
+    def _key_at(obj: dict, rest: str) -> Any:
+        comp = _COMPONENT_RE.match(rest).group(0)
+        if comp in obj:
+            return comp
+        best, best_len = _NO_KEY, -1  # keys that are not strings, or have dots in them
+        for k in obj:
+            s = _ks(k)
+            if len(s) > best_len and rest.startswith(s) and (len(rest) == len(s) or rest[len(s)] in ".["):
+                best, best_len = k, len(s)
+        return best
+
+
+class _Frame:
+    __slots__ = ("obj", "is_map", "path", "place", "kids", "key", "kplace", "skip")
+
+
+def _place(mark: Any) -> Tuple[int, int]:
+    return (mark.line + 1, mark.column + 1)
+
+
+def _read_yaml(text: str, v: "_V") -> Any:
+    """The data of one YAML document, built from parser events (see above).
+    Duplicate keys are recorded in ``v``; anything that stops the reading raises
+    TopologyError at once."""
+    import yaml
+    from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent, ScalarEvent,
+                             SequenceEndEvent, SequenceStartEvent)
+
+    doc = v.doc = _Doc()
+    where = v.source
+    resolver = yaml.resolver.Resolver()
+    constructor = yaml.constructor.SafeConstructor()
+    resolved: Dict[str, str] = {}
+    stack: List[_Frame] = []
+
+    def refuse(mark: Any, msg: str) -> None:
+        v.fatal(_place(mark), None, msg)
+
+    def scalar(e: Any) -> Any:
+        tag, value = e.tag, e.value
+        if tag is None or tag == "!":
+            if not e.implicit[0]:   # quoted, or a block scalar: a string
+                return value
+            tag = resolved.get(value)
+            if tag is None:
+                tag = resolver.resolve(yaml.ScalarNode, value, (True, False))
+                if len(resolved) < 4096:
+                    resolved[value] = tag
+        if tag == _STR:
+            return value
+        if tag == _MERGE:
+            refuse(e.start_mark, "YAML merge keys (<<) are not supported in a topology file: write the keys out")
+        if tag not in _SCALAR_TAGS:
+            refuse(e.start_mark, f"YAML tag {_short(tag)} is not supported in a topology file")
+        try:
+            node = yaml.ScalarNode(tag, value, e.start_mark, e.end_mark)
+            return constructor.yaml_constructors[tag](constructor, node)
+        except Exception as x:  # noqa: BLE001 - PyYAML's constructors fail in many ways ("!!int" alone: IndexError)
+            detail = getattr(x, "problem", None) or str(x)
+            refuse(e.start_mark, f"cannot read {_short(value)} as a YAML {tag[len(_TAG):]}: {_clip(str(detail), 100)}")
+        raise AssertionError  # not reached: refuse() raises
+
+    def put(value: Any, place: Tuple[int, int]) -> None:
+        if not stack:
+            doc.data, doc.root_place = value, place
+            return
+        p = stack[-1]
+        if not p.is_map:
+            p.obj.append(value)
+            p.kids.append(place)
+        elif p.key is _NO_KEY:      # a key (containers as keys are refused in start())
+            if value in p.obj:
+                (line, col), path = p.kids[value][0], _child(p.path, value)
+                v.note(path, f"key written twice, at {where}:{line}:{col} and {where}:{place[0]}:{place[1]} "
+                             "(YAML would keep only the last; remove or rename one)", place=place)
+                p.skip = True
+            p.key, p.kplace = value, place
+        else:
+            if not p.skip:
+                p.obj[p.key] = value
+                p.kids[p.key] = (p.kplace, place)
+            p.key, p.skip = _NO_KEY, False
+
+    def start(e: Any, is_map: bool) -> None:
+        if e.tag not in (None, "!", _MAP if is_map else _SEQ):
+            refuse(e.start_mark, f"YAML tag {_short(e.tag)} is not supported in a topology file")
+        if len(stack) >= MAX_DEPTH:
+            refuse(e.start_mark, f"nested deeper than {MAX_DEPTH} levels (a topology needs a handful)")
+        f = _Frame()
+        if stack:
+            p = stack[-1]
+            if p.is_map and p.key is _NO_KEY:
+                refuse(e.start_mark, "a mapping key must be a plain value, not a list or a mapping")
+            f.path = _child(p.path, p.key) if p.is_map else f"{p.path}[{len(p.obj)}]"
+        else:
+            f.path = ""
+        f.is_map = is_map
+        f.obj, f.kids = ({}, {}) if is_map else ([], [])
+        f.place = _place(e.start_mark)
+        f.key, f.kplace, f.skip = _NO_KEY, None, False
+        stack.append(f)
+
+    loader_class = getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
+    try:
+        loader = loader_class(text)
+    except UnicodeError as x:   # a str with lone surrogates, from the API
+        v.fatal(None, None, f"not valid Unicode text ({_clip(str(x), 100)})")
+    docs = 0
+    try:
+        while loader.check_event():
+            e = loader.get_event()
+            kind = type(e)
+            if kind is ScalarEvent:
+                put(scalar(e), _place(e.start_mark))
+            elif kind is MappingStartEvent or kind is SequenceStartEvent:
+                start(e, kind is MappingStartEvent)
+            elif kind is MappingEndEvent or kind is SequenceEndEvent:
+                f = stack.pop()
+                doc.places[id(f.obj)] = (f.obj, f.kids)
+                put(f.obj, f.place)
+            elif kind is AliasEvent:
+                refuse(e.start_mark, f"YAML alias *{_clip(str(e.anchor), 40)} is not allowed in a topology file "
+                                     "(aliases can expand without bound): write the value out")
+            elif kind is DocumentStartEvent:
+                docs += 1
+                if docs > 1:
+                    refuse(e.start_mark, "a second YAML document: a topology file holds one")
+    except yaml.MarkedYAMLError as x:
+        mark = x.problem_mark or x.context_mark
+        msg = f"invalid YAML: {_clip(str(x.problem or x.context or 'unreadable'), 200)}"
+        if x.context and x.problem and x.context_mark is not None:
+            line, col = _place(x.context_mark)
+            msg += f" ({_clip(str(x.context), 100)} at {line}:{col})"
+        v.fatal(_place(mark) if mark else None, None, msg)
+    except yaml.YAMLError as x:  # ReaderError: a character YAML does not allow
+        pos = getattr(x, "position", None)
+        place = None
+        if isinstance(pos, int) and 0 <= pos <= len(text):
+            line = text.count("\n", 0, pos) + 1
+            place = (line, pos - (text.rfind("\n", 0, pos) + 1) + 1)
+        what = getattr(x, "reason", None) or "unreadable"
+        char = getattr(x, "character", None)
+        if isinstance(char, str):
+            what += f" ({char!r})"
+        elif isinstance(char, int):
+            what += f" (#x{char:04x})"
+        v.fatal(place, None, f"invalid YAML: {_clip(str(what), 200)}")
+    finally:
+        loader.dispose()
+    return doc.data
+
+
+def _decode(raw: bytes, where: str) -> str:
+    """UTF-8 text (a BOM at the start is dropped), or a TopologyError at the first bad byte."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        start = raw.rfind(b"\n", 0, e.start) + 1
+        col = len(raw[start:e.start].decode("utf-8", "replace")) + 1
+        raise TopologyError(f"{where}:{line}:{col}: not UTF-8 text (byte {raw[e.start]:#04x}): "
+                            "save the file as UTF-8", file=where, line=line, column=col) from None
+
+
+def _read_file(path: Any, where: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except (FileNotFoundError, ValueError):   # ValueError: a NUL in the name
+        raise TopologyError(f"{where}: no such topology file", file=where) from None
+    except IsADirectoryError:
+        raise TopologyError(f"{where}: is a directory, not a topology file", file=where) from None
+    except OSError as e:
+        raise TopologyError(f"{where}: cannot read the topology file: {e.strerror or e}", file=where) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise TopologyError(f"{where}: larger than {MAX_FILE_BYTES >> 20} MiB: not a topology file", file=where)
+    return raw
+
+
+def _read_source(src: Any) -> Tuple[Any, Optional[str], str]:
+    """(a dict, None, name) or (None, YAML text, name) for what load_topology was given.
+
+    A ``str`` is YAML text when it has a line break or starts with ``{`` (a flow
+    mapping) and names no file; otherwise it is a file name, like a PathLike."""
+    if isinstance(src, dict):
+        return src, None, "<dict>"
+    if isinstance(src, (bytes, bytearray)):
+        return None, _decode(bytes(src), "<bytes>"), "<bytes>"
+    if isinstance(src, str) and ("\n" in src or "\r" in src or
+                                 (src.lstrip().startswith("{") and not os.path.exists(src))):
+        return None, src[1:] if src.startswith("\ufeff") else src, "<string>"
+    if isinstance(src, (str, os.PathLike)):
+        path = os.fspath(src)
+        where = _clip(path if isinstance(path, str) else os.fsdecode(path), 300)
+        return None, _decode(_read_file(path, where), where), where
+    raise TopologyError(f"expected a topology file name, YAML text or a mapping, got {type(src).__name__}")
+
+
+# ---- validation --------------------------------------------------------------------------
 
 
 class _V:
-    """Validation helpers that raise TopologyError with the key path."""
+    """Validation helpers. ``fail`` records an error naming the key path and
+    ends the current item (see _Guard); ``note`` records one and goes on. At the
+    end ``raise_errors`` raises one TopologyError for all of them, each with its
+    file, line and column when the topology came from YAML."""
+
+    guard = _GUARD
 
     def __init__(self, source: str) -> None:
         self.source = source
-        self._ips: Dict[str, Any] = {}
+        self.doc: Optional[_Doc] = None
+        self._ips: Dict[Optional[int], Dict[str, Any]] = {None: {}, 4: {}, 6: {}}  # good ones, by version
+        self.errors: List[Tuple[Optional[Tuple[int, int]], Optional[str], str, bool]] = []
+        self.bad = 0  # errors that leave a value unusable (all but unknown keys)
 
-    def fail(self, path: str, msg: str) -> None:
-        raise TopologyError(f"{path}: {msg}", path=path, file=self.source)
+    def note(self, path: Optional[str], msg: str, at_key: bool = False,
+             place: Optional[Tuple[int, int]] = None, blocking: bool = True) -> None:
+        self.errors.append((place, path, msg, at_key))
+        self.bad += blocking
+        if len(self.errors) >= 10 * MAX_ERRORS:   # enough to read: stop here
+            self.raise_errors()
+
+    def fail(self, path: str, msg: str, at_key: bool = False) -> None:
+        self.note(path, msg, at_key)
+        raise _Abort()
+
+    def fatal(self, place: Optional[Tuple[int, int]], path: Optional[str], msg: str) -> None:
+        self.errors.append((place, path, msg, False))
+        self.raise_errors()
+
+    def _text(self, place: Optional[Tuple[int, int]], path: Optional[str], msg: str) -> str:
+        if path and not path.isprintable():   # one line per error, whatever the keys are
+            path = path.encode("unicode_escape").decode("ascii")
+        head = f"{_clip(path)}: {msg}" if path else msg
+        if place is not None:
+            return f"{self.source}:{place[0]}:{place[1]}: {head}"
+        if self.doc is not None:
+            return f"{self.source}: {head}"
+        return head
+
+    def raise_errors(self) -> None:
+        items = []
+        for place, path, msg, at_key in self.errors:
+            if place is None and path is not None and self.doc is not None:
+                place = self.doc.locate(path, at_key)
+            items.append((place, path, msg))
+        if self.doc is not None:
+            items.sort(key=lambda it: it[0] or (0, 0))   # in file order (stable)
+        errors = [TopologyError(self._text(place, path, msg), path=path, file=self.source,
+                                line=place[0] if place else None, column=place[1] if place else None)
+                  for place, path, msg in items[:MAX_ERRORS]]
+        text = "\n".join(e.message for e in errors)
+        if len(items) > MAX_ERRORS:
+            text += f"\n{self.source}: and {len(items) - MAX_ERRORS} more errors"
+        first = errors[0]
+        raise TopologyError(text, path=first.path, file=self.source, line=first.line, column=first.column,
+                            errors=errors)
+
+    # -- one field each: fail() with a message naming the value, or return it --
 
     def mapping(self, v: Any, path: str, required: Sequence[str], optional: Sequence[str]) -> dict:
+        """``v`` itself; unknown keys and missing required ones are recorded
+        (read required ones with ``req``, which skips them)."""
         if not isinstance(v, dict):
             self.fail(path, f"expected a mapping, got {type(v).__name__}")
         for k in v:
             if k not in required and k not in optional:
-                self.fail(f"{path}.{k}" if path else str(k), f"unknown key (expected one of: {', '.join(list(required) + list(optional))})")
+                known = ", ".join(list(required) + list(optional))
+                self.note(_child(path, k), f"unknown key (expected one of: {known})",
+                          at_key=True, blocking=False)
         for k in required:
             if k not in v or v[k] is None:
-                self.fail(f"{path}.{k}" if path else k, "required")
+                self.note(_child(path, k), "required")
         return v
+
+    def req(self, m: dict, key: str, path: str, check, *args) -> Any:
+        """check(m[key], path, *args), or _BAD (missing: ``mapping`` said so; or failed)."""
+        value = m.get(key)
+        if value is None:
+            return _BAD
+        try:
+            return check(value, path, *args)
+        except _Abort:
+            return _BAD
+
+    def opt(self, m: dict, key: str, path: str, check, *args, default: Any = None) -> Any:
+        """check(m[key], path, *args) if the key is written (even as null), else default."""
+        if key not in m:
+            return default
+        try:
+            return check(m[key], path, *args)
+        except _Abort:
+            return _BAD
+
+    def collection(self, m: dict, key: str, path: str, kind: type, what: str) -> Any:
+        """The optional list or mapping ``m[key]``: empty when it is absent or
+        written as nothing (null, [] or {}); None, with the error recorded, when
+        it is something else."""
+        value = m.get(key)
+        if value is None or (isinstance(value, (dict, list)) and not value):
+            return kind()
+        if not isinstance(value, kind):
+            self.note(path, f"expected {what}")
+            return None
+        return value
 
     def mac(self, v: Any, path: str, unicast: bool = True) -> str:
         if not isinstance(v, str) or not _MAC_RE.match(v):
-            self.fail(path, f"{v!r} is not a MAC address (xx:xx:xx:xx:xx:xx)")
+            hint = ""
+            if isinstance(v, int) and not isinstance(v, bool):
+                hint = "; YAML read it as a number: put the MAC in quotes"
+            self.fail(path, f"{_short(v)} is not a MAC address (xx:xx:xx:xx:xx:xx){hint}")
         if unicast and int(v[0:2], 16) & 1:
             self.fail(path, f"{v} is a multicast MAC address")
         if unicast and v.replace(":", "") == "000000000000":
@@ -179,220 +589,159 @@ class _V:
         return v.lower()
 
     def ip(self, v: Any, path: str, version: Optional[int] = None):
-        key = v if isinstance(v, str) else str(v)
-        a = self._ips.get(key)  # 100k endpoints reuse few distinct strings across tenants
-        if a is None:
-            try:
-                a = ipaddress.ip_address(key)
-            except ValueError:
-                self.fail(path, f"{v!r} is not an IP address")
-            self._ips[key] = a
+        if isinstance(v, str):
+            key = v
+        elif isinstance(v, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
+            key = str(v)
+        else:
+            self.fail(path, f"{_short(v)} is not an IP address")
+        good = self._ips[version]
+        a = good.get(key)  # 100k endpoints reuse few distinct strings across tenants
+        if a is not None:
+            return a
+        try:
+            a = ipaddress.ip_address(key)
+        except ValueError:
+            self.fail(path, f"{_short(v)} is not an IP address")
         if version and a.version != version:
             self.fail(path, f"{a} is not an IPv{version} address")
         if a.is_multicast or a.is_unspecified:
             self.fail(path, f"{a} is not a unicast address")
+        good[key] = a
         return a
+
+    def network(self, v: Any, path: str) -> ipaddress.IPv4Network:
+        if isinstance(v, ipaddress.IPv4Network):
+            return v
+        if not isinstance(v, str):
+            self.fail(path, f"{_short(v)} is not an IPv4 network (a string like 10.0.0.0/24)")
+        try:
+            return ipaddress.IPv4Network(v, strict=True)
+        except ValueError as e:
+            self.fail(path, f"{_short(v)} is not an IPv4 network ({_clip(str(e), 120)})")
+        raise AssertionError  # not reached
 
     def integer(self, v: Any, path: str, lo: int, hi: int) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
-            self.fail(path, f"{v!r} is not an integer")
+            self.fail(path, f"{_short(v)} is not an integer")
         if not lo <= v <= hi:
-            self.fail(path, f"{v} is out of range ({lo}..{hi})")
+            self.fail(path, f"{_short(v)} is out of range ({lo}..{hi})")
+        return v
+
+    def boolean(self, v: Any, path: str) -> bool:
+        if not isinstance(v, bool):
+            self.fail(path, f"{_short(v)} is not a boolean (write true or false, without quotes)")
         return v
 
     def name(self, v: Any, path: str) -> str:
         if not isinstance(v, str) or not _NAME_RE.match(v) or v in _RESERVED:
-            self.fail(path, f"{v!r} is not a valid name (letters, digits, _ . -; not a reserved word)")
+            self.fail(path, f"{_short(v)} is not a valid name (letters, digits, _ . -; not a reserved word)")
+        return v
+
+    def choice(self, v: Any, path: str, choices: Sequence[str], what: str) -> str:
+        if not isinstance(v, str) or v not in choices:
+            self.fail(path, f"{_short(v)} is not {what}")
         return v
 
 
-def _read_source(src: Any) -> Tuple[Any, str]:
-    import yaml
-
-    if isinstance(src, dict):
-        return src, "<dict>"
-    if isinstance(src, (str, os.PathLike)) and os.path.exists(str(src)):
-        with open(src, encoding="utf-8") as f:
-            text = f.read()
-        where = str(src)
-    elif isinstance(src, str) and ("\n" in src or ":" in src):
-        text, where = src, "<string>"
-    else:
-        raise TopologyError(f"{src}: no such topology file", file=str(src))
-    try:
-        return yaml.safe_load(text), where
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = mark.line + 1 if mark else None
-        raise TopologyError(f"{where}: line {line}: invalid YAML: {getattr(e, 'problem', e)}", file=where, line=line)
-
-
 def load_topology(src: Any) -> Topology:
-    """Parses and validates a topology (a YAML path, YAML text, or a dict)."""
-    data, where = _read_source(src)
-    v = _V(where)
-    v.mapping(data, "", ["uplink", "tenants"], ["internet", "conntrack"])
-    u = v.mapping(data["uplink"], "uplink", ["port", "ip", "mac"],
-                  ["nexthop_mac", "nexthop", "mtu", "vxlan_port", "ttl", "src_port_range", "strict_vxlan"])
-    uplink = Uplink(
-        port=v.name(u["port"], "uplink.port"),
-        ip=v.ip(u["ip"], "uplink.ip"),
-        mac=v.mac(u["mac"], "uplink.mac"),
-        nexthop_mac=v.mac(u["nexthop_mac"], "uplink.nexthop_mac") if "nexthop_mac" in u else None,
-        mtu=v.integer(u.get("mtu", 1500), "uplink.mtu", 576, 10000),
-        vxlan_port=v.integer(u.get("vxlan_port", 4789), "uplink.vxlan_port", 1, 65535),
-        ttl=v.integer(u.get("ttl", 64), "uplink.ttl", 1, 255),
-        strict_vxlan=bool(u.get("strict_vxlan", False)),
-    )
-    if "nexthop" in u:
-        uplink.nexthop = v.ip(u["nexthop"], "uplink.nexthop", uplink.ip.version)
-    if uplink.nexthop_mac is None:
-        if uplink.ipv6:
-            v.fail("uplink.nexthop_mac", "required over an IPv6 underlay (next hops are resolved by ARP, IPv4 only)")
-        if uplink.nexthop is None:
-            v.fail("uplink", "give nexthop_mac, or nexthop (the router's address, resolved by ARP)")
-    if uplink.ipv6 and uplink.mtu < 1280:
-        v.fail("uplink.mtu", "an IPv6 underlay needs an MTU of at least 1280")
-    if "src_port_range" in u:
-        r = u["src_port_range"]
-        if not isinstance(r, (list, tuple)) or len(r) != 2:
-            v.fail("uplink.src_port_range", "expected [min, max]")
-        lo = v.integer(r[0], "uplink.src_port_range[0]", 1, 65535)
-        hi = v.integer(r[1], "uplink.src_port_range[1]", 1, 65535)
-        if lo > hi:
-            v.fail("uplink.src_port_range", f"min {lo} is above max {hi}")
-        uplink.src_port_range = (lo, hi)
+    """Parses and validates a topology: a YAML file (a path), YAML text, or a dict.
 
+    Raises TopologyError for a bad one, naming every mistake (at most
+    MAX_ERRORS; ``errors`` lists them), each with its key path and, for YAML,
+    its file, line and column."""
+    data, text, where = _read_source(src)
+    v = _V(where)
+    if text is not None:
+        data = _read_yaml(text, v)
+    topo = _validate(v, data)
+    if v.errors:
+        v.raise_errors()
+    return topo
+
+
+def _validate(v: _V, data: Any) -> Optional[Topology]:
+    if not isinstance(data, dict):
+        got = "nothing (the document is empty)" if data is None else type(data).__name__
+        v.note("", f"expected a mapping (uplink:, tenants:), got {got}")
+        return None
+    v.mapping(data, "", ["uplink", "tenants"], ["internet", "conntrack"])
+    uplink = None
+    if data.get("uplink") is not None:
+        with v.guard:
+            uplink = _uplink_section(v, data["uplink"])
     internet = None
     if data.get("internet") is not None:
-        i = v.mapping(data["internet"], "internet", ["port", "mac"], ["nexthop_mac", "nexthop", "ip"])
-        internet = Internet(port=v.name(i["port"], "internet.port"), mac=v.mac(i["mac"], "internet.mac"),
-                            nexthop_mac=v.mac(i["nexthop_mac"], "internet.nexthop_mac") if "nexthop_mac" in i else None,
-                            nexthop=v.ip(i["nexthop"], "internet.nexthop", 4) if "nexthop" in i else None,
-                            ip=v.ip(i["ip"], "internet.ip", 4) if "ip" in i else None)
-        if internet.nexthop_mac is None and internet.nexthop is None:
-            v.fail("internet", "give nexthop_mac, or nexthop (the router's address, resolved by ARP)")
-        if internet.port == uplink.port:
-            v.fail("internet.port", f"{internet.port} is the uplink port")
-    ct_timeouts, ct_max = _conntrack_section(v, data.get("conntrack"))
-
-    tenants_raw = data["tenants"]
-    if not isinstance(tenants_raw, dict) or not tenants_raw:
-        v.fail("tenants", "expected a mapping of tenant name to tenant")
+        with v.guard:
+            internet = _internet_section(v, data["internet"], uplink)
+    ct_timeouts: Dict[str, float] = {}
+    ct_max = None
+    with v.guard:
+        ct_timeouts, ct_max = _conntrack_section(v, data.get("conntrack"))
     tenants: Dict[str, Tenant] = {}
-    vnis: Dict[int, str] = {}
-    port_owner: Dict[str, str] = {}
-    for index, (tname, t) in enumerate(tenants_raw.items(), 1):
-        tp = f"tenants.{tname}"
-        v.name(tname, tp)
-        v.mapping(t, tp, ["vni", "gateway_mac", "subnets"], ["ports", "remote", "flood", "zone", "nat", "limits"])
-        vni = v.integer(t["vni"], f"{tp}.vni", 1, (1 << 24) - 1)
-        if vni in vnis:
-            v.fail(f"{tp}.vni", f"VNI {vni} is already used by tenant {vnis[vni]}")
-        vnis[vni] = tname
-        gw_mac = v.mac(t["gateway_mac"], f"{tp}.gateway_mac")
-        subnets: List[Tuple[ipaddress.IPv4Network, ipaddress.IPv4Address]] = []
-        if not isinstance(t["subnets"], list) or not t["subnets"]:
-            v.fail(f"{tp}.subnets", "expected a non-empty list of {cidr, gateway}")
-        for i, s in enumerate(t["subnets"]):
-            sp = f"{tp}.subnets[{i}]"
-            v.mapping(s, sp, ["cidr", "gateway"], [])
-            try:
-                net = ipaddress.IPv4Network(str(s["cidr"]), strict=True)
-            except ValueError as e:
-                v.fail(f"{sp}.cidr", f"{s['cidr']!r} is not an IPv4 network ({e})")
-            gw = v.ip(s["gateway"], f"{sp}.gateway", 4)
-            if gw not in net:
-                v.fail(f"{sp}.gateway", f"{gw} is outside its subnet {net}")
-            if net.prefixlen <= 30 and gw in (net.network_address, net.broadcast_address):
-                v.fail(f"{sp}.gateway", f"{gw} is the network or broadcast address of {net}")
-            for j, (other, _) in enumerate(subnets):
-                if net.overlaps(other):
-                    v.fail(f"{sp}.cidr", f"{net} overlaps {other} (subnets[{j}]) in the same tenant")
-            subnets.append((net, gw))
-        nets = [n for n, _ in subnets]
-        gw_ips = {gw: i for i, (_, gw) in enumerate(subnets)}
+    if data.get("tenants") is not None:
+        with v.guard:
+            tenants = _tenants_section(v, data["tenants"], uplink, internet, data.get("internet") is not None)
+    if v.errors or uplink is None:
+        return None
+    return Topology(uplink, tenants, v.source, internet, ct_timeouts, ct_max)
 
-        def inside(ip, path):
-            for n in nets:
-                if ip in n:
-                    if n.prefixlen <= 30 and ip in (n.network_address, n.broadcast_address):
-                        v.fail(path, f"{ip} is the network or broadcast address of {n}")
-                    return
-            v.fail(path, f"{ip} is not inside any subnet of tenant {tname}")
 
-        seen_ip: Dict[Any, str] = {}
-        seen_mac: Dict[str, str] = {gw_mac: f"{tp}.gateway_mac"}
-        ports: Dict[str, Endpoint] = {}
-        ports_raw = t.get("ports") or {}
-        if not isinstance(ports_raw, dict):
-            v.fail(f"{tp}.ports", "expected a mapping of port name to {mac, ip}")
-        for pname, p in ports_raw.items():
-            pp = f"{tp}.ports.{pname}"
-            v.name(pname, pp)
-            if pname == uplink.port:
-                v.fail(pp, f"{pname} is the uplink port")
-            if internet and pname == internet.port:
-                v.fail(pp, f"{pname} is the internet port")
-            if pname in port_owner:
-                v.fail(pp, f"port {pname} already belongs to tenant {port_owner[pname]}")
-            port_owner[pname] = tname
-            v.mapping(p, pp, ["mac", "ip"], [])
-            mac = v.mac(p["mac"], f"{pp}.mac")
-            ip = v.ip(p["ip"], f"{pp}.ip", 4)
-            inside(ip, f"{pp}.ip")
-            _unique(v, seen_ip, ip, f"{pp}.ip", gw_ips)
-            _unique(v, seen_mac, mac, f"{pp}.mac", None)
-            ports[pname] = Endpoint(mac=mac, ip=ip, port=pname)
-        remote: List[Endpoint] = []
-        remote_raw = t.get("remote") or []
-        if not isinstance(remote_raw, list):
-            v.fail(f"{tp}.remote", "expected a list of {vtep, mac, ip}")
-        for i, r in enumerate(remote_raw):
-            rp = f"{tp}.remote[{i}]"
-            v.mapping(r, rp, ["vtep", "mac", "ip"], [])
-            vtep = v.ip(r["vtep"], f"{rp}.vtep", uplink.ip.version)
-            if vtep == uplink.ip:
-                v.fail(f"{rp}.vtep", f"{vtep} is our own VTEP address")
-            mac = v.mac(r["mac"], f"{rp}.mac")
-            ip = v.ip(r["ip"], f"{rp}.ip", 4)
-            inside(ip, f"{rp}.ip")
-            _unique(v, seen_ip, ip, f"{rp}.ip", gw_ips)
-            _unique(v, seen_mac, mac, f"{rp}.mac", None)
-            remote.append(Endpoint(mac=mac, ip=ip, vtep=vtep))
-        flood: List[Any] = []
-        flood_raw = t.get("flood") or []
-        if not isinstance(flood_raw, list):
-            v.fail(f"{tp}.flood", "expected a list of VTEP addresses")
-        for i, f in enumerate(flood_raw):
-            a = v.ip(f, f"{tp}.flood[{i}]", uplink.ip.version)
-            if a == uplink.ip:
-                v.fail(f"{tp}.flood[{i}]", f"{a} is our own VTEP address")
-            if a not in flood:
-                flood.append(a)
-        tenant = Tenant(tname, vni, gw_mac, subnets, ports, remote, flood, index)
-        tenant.zone = v.integer(t["zone"], f"{tp}.zone", 1, 65535) if t.get("zone") is not None else vni
-        if t.get("limits") is not None:
-            lim = v.mapping(t["limits"], f"{tp}.limits", [], ["connections"])
-            if lim.get("connections") is not None:
-                tenant.connection_limit = v.integer(lim["connections"], f"{tp}.limits.connections", 1, 1 << 30)
-        if t.get("nat") is not None:
-            if internet is None:
-                v.fail(f"{tp}.nat", "NAT needs the internet: section (port, mac, nexthop_mac)")
-            tenant.nat = _nat_section(v, t["nat"], f"{tp}.nat", tenant)
-        tenants[tname] = tenant
-    _check_public_addresses(v, tenants)
-    zones: Dict[int, str] = {}
-    for tname, tenant in tenants.items():
-        if not tenant.nat and not tenant.connection_limit:
-            continue  # no conntrack: its zone is never used
-        if tenant.zone > 65535:
-            v.fail(f"tenants.{tname}.zone",
-                   f"VNI {tenant.vni} does not fit a 16-bit conntrack zone: set tenants.{tname}.zone")
-        if tenant.zone in zones:
-            v.fail(f"tenants.{tname}.zone", f"conntrack zone {tenant.zone} is already used by tenant {zones[tenant.zone]}")
-        zones[tenant.zone] = tname
-    return Topology(uplink, tenants, where, internet, ct_timeouts, ct_max)
+def _uplink_section(v: _V, u: Any) -> Optional[Uplink]:
+    bad = v.bad
+    v.mapping(u, "uplink", ["port", "ip", "mac"],
+              ["nexthop_mac", "nexthop", "mtu", "vxlan_port", "ttl", "src_port_range", "strict_vxlan"])
+    port = v.req(u, "port", "uplink.port", v.name)
+    ip = v.req(u, "ip", "uplink.ip", v.ip)
+    mac = v.req(u, "mac", "uplink.mac", v.mac)
+    nexthop_mac = v.opt(u, "nexthop_mac", "uplink.nexthop_mac", v.mac)
+    mtu = v.opt(u, "mtu", "uplink.mtu", v.integer, 576, 10000, default=1500)
+    vxlan_port = v.opt(u, "vxlan_port", "uplink.vxlan_port", v.integer, 1, 65535, default=4789)
+    ttl = v.opt(u, "ttl", "uplink.ttl", v.integer, 1, 255, default=64)
+    strict = False if u.get("strict_vxlan") is None else v.opt(u, "strict_vxlan", "uplink.strict_vxlan", v.boolean)
+    ipv6 = ip is not _BAD and ip.version == 6
+    nexthop = v.opt(u, "nexthop", "uplink.nexthop", v.ip, None if ip is _BAD else ip.version)
+    if nexthop_mac is None:
+        if ipv6:
+            v.note("uplink.nexthop_mac", "required over an IPv6 underlay (next hops are resolved by ARP, IPv4 only)")
+        elif nexthop is None:
+            v.note("uplink", "give nexthop_mac, or nexthop (the router's address, resolved by ARP)")
+    if ipv6 and mtu is not _BAD and mtu < 1280:
+        v.note("uplink.mtu", "an IPv6 underlay needs an MTU of at least 1280")
+    port_range = v.opt(u, "src_port_range", "uplink.src_port_range", _port_range, v, default=(49152, 65535))
+    if v.bad > bad:
+        return None
+    return Uplink(port=port, ip=ip, mac=mac, nexthop_mac=nexthop_mac, mtu=mtu, vxlan_port=vxlan_port, ttl=ttl,
+                  src_port_range=port_range, strict_vxlan=strict, nexthop=nexthop)
+
+
+def _port_range(r: Any, path: str, v: _V) -> Tuple[int, int]:
+    if not isinstance(r, (list, tuple)) or len(r) != 2:
+        v.fail(path, "expected [min, max]")
+    lo = v.opt({"min": r[0]}, "min", f"{path}[0]", v.integer, 1, 65535)
+    hi = v.opt({"max": r[1]}, "max", f"{path}[1]", v.integer, 1, 65535)
+    if lo is _BAD or hi is _BAD:
+        raise _Abort()
+    if lo > hi:
+        v.fail(path, f"min {lo} is above max {hi}")
+    return lo, hi
+
+
+def _internet_section(v: _V, i: Any, uplink: Optional[Uplink]) -> Optional[Internet]:
+    bad = v.bad
+    v.mapping(i, "internet", ["port", "mac"], ["nexthop_mac", "nexthop", "ip"])
+    port = v.req(i, "port", "internet.port", v.name)
+    mac = v.req(i, "mac", "internet.mac", v.mac)
+    nexthop_mac = v.opt(i, "nexthop_mac", "internet.nexthop_mac", v.mac)
+    nexthop = v.opt(i, "nexthop", "internet.nexthop", v.ip, 4)
+    ip = v.opt(i, "ip", "internet.ip", v.ip, 4)
+    if nexthop_mac is None and nexthop is None:
+        v.note("internet", "give nexthop_mac, or nexthop (the router's address, resolved by ARP)")
+    if uplink is not None and port == uplink.port:
+        v.note("internet.port", f"{port} is the uplink port")
+    if v.bad > bad:
+        return None
+    return Internet(port=port, mac=mac, nexthop_mac=nexthop_mac, nexthop=nexthop, ip=ip)
 
 
 _TIMEOUTS = ("tcp_established", "tcp_transitory", "udp", "icmp")
@@ -405,89 +754,279 @@ def _conntrack_section(v: _V, c: Any) -> Tuple[Dict[str, float], Optional[int]]:
     v.mapping(c, "conntrack", [], ["max_connections", "timeouts"])
     max_conns = None
     if c.get("max_connections") is not None:
-        max_conns = v.integer(c["max_connections"], "conntrack.max_connections", 1, 1 << 30)
+        max_conns = v.opt(c, "max_connections", "conntrack.max_connections", v.integer, 1, 1 << 30)
     timeouts: Dict[str, float] = {}
     if c.get("timeouts") is not None:
-        v.mapping(c["timeouts"], "conntrack.timeouts", [], list(_TIMEOUTS))
-        for k, val in c["timeouts"].items():
-            timeouts[k] = v.integer(val, f"conntrack.timeouts.{k}", 1, 30 * 24 * 3600)
+        t = v.mapping(c["timeouts"], "conntrack.timeouts", [], list(_TIMEOUTS))
+        for k in _TIMEOUTS:
+            if k in t:
+                timeouts[k] = v.opt(t, k, f"conntrack.timeouts.{k}", v.integer, 1, 30 * 24 * 3600)
     return timeouts, max_conns
+
+
+def _tenants_section(v: _V, raw: Any, uplink: Optional[Uplink], internet: Optional[Internet],
+                     internet_given: bool) -> Dict[str, Tenant]:
+    if not isinstance(raw, dict) or not raw:
+        v.fail("tenants", "expected a mapping of tenant name to tenant")
+    tenants: Dict[str, Tenant] = {}
+    vnis: Dict[int, str] = {}
+    port_owner: Dict[str, str] = {}
+    for index, (tname, t) in enumerate(raw.items(), 1):
+        with v.guard:
+            tenant = _tenant(v, index, tname, t, uplink, internet, internet_given, vnis, port_owner)
+            if tenant is not None:
+                tenants[tname] = tenant
+    _check_public_addresses(v, tenants)
+    zones: Dict[int, str] = {}
+    for tname, tenant in tenants.items():
+        if not tenant.nat and not tenant.connection_limit:
+            continue  # no conntrack: its zone is never used
+        if tenant.zone > 65535:
+            v.note(f"tenants.{tname}.zone",
+                   f"VNI {tenant.vni} does not fit a 16-bit conntrack zone: set tenants.{tname}.zone")
+        elif tenant.zone in zones:
+            v.note(f"tenants.{tname}.zone",
+                   f"conntrack zone {tenant.zone} is already used by tenant {zones[tenant.zone]}")
+        else:
+            zones[tenant.zone] = tname
+    return tenants
+
+
+def _tenant(v: _V, index: int, tname: Any, t: Any, uplink: Optional[Uplink], internet: Optional[Internet],
+            internet_given: bool, vnis: Dict[int, str], port_owner: Dict[str, str]) -> Optional[Tenant]:
+    """One tenant, or None when it has errors (recorded in ``v``)."""
+    tp = _child("tenants", tname)
+    v.name(tname, tp)
+    bad = v.bad
+    v.mapping(t, tp, ["vni", "gateway_mac", "subnets"], ["ports", "remote", "flood", "zone", "nat", "limits"])
+    vni = v.req(t, "vni", f"{tp}.vni", v.integer, 1, (1 << 24) - 1)
+    if vni is not _BAD:
+        if vni in vnis:
+            v.note(f"{tp}.vni", f"VNI {vni} is already used by tenant {vnis[vni]}")
+        else:
+            vnis[vni] = tname
+    gw_mac = v.req(t, "gateway_mac", f"{tp}.gateway_mac", v.mac)
+    subnets, gw_ips, subnets_ok = _subnets(v, t.get("subnets"), tp)
+    nets = [n for n, _ in subnets] if subnets_ok else None   # None: incomplete, "inside" is not checked
+    seen_ip: Dict[Any, str] = {}
+    seen_mac: Dict[str, str] = {} if gw_mac is _BAD else {gw_mac: f"{tp}.gateway_mac"}
+
+    ports: Dict[str, Endpoint] = {}
+    ports_raw = v.collection(t, "ports", f"{tp}.ports", dict, "a mapping of port name to {mac, ip}")
+    for pname, p in (ports_raw or {}).items():
+        pp = _child(f"{tp}.ports", pname)
+        with v.guard:
+            v.name(pname, pp)
+            if uplink is not None and pname == uplink.port:
+                v.fail(pp, f"{pname} is the uplink port")
+            if internet is not None and pname == internet.port:
+                v.fail(pp, f"{pname} is the internet port")
+            if pname in port_owner:
+                v.fail(pp, f"port {pname} already belongs to tenant {port_owner[pname]}")
+            port_owner[pname] = tname
+            ep = _endpoint(v, p, pp, tname, nets, seen_ip, seen_mac, gw_ips, ["mac", "ip"], None)
+            ep.port = pname
+            ports[pname] = ep
+
+    remote: List[Endpoint] = []
+    remote_raw = v.collection(t, "remote", f"{tp}.remote", list, "a list of {vtep, mac, ip}")
+    for i, r in enumerate(remote_raw or []):
+        with v.guard:
+            remote.append(_endpoint(v, r, f"{tp}.remote[{i}]", tname, nets, seen_ip, seen_mac, gw_ips,
+                                    ["vtep", "mac", "ip"], uplink))
+    # every endpoint is known: NAT may say that an address is none of them
+    endpoints_ok = (ports_raw is not None and remote_raw is not None
+                    and len(ports) == len(ports_raw) and len(remote) == len(remote_raw))
+
+    flood: List[Any] = []
+    for i, f in enumerate(v.collection(t, "flood", f"{tp}.flood", list, "a list of VTEP addresses") or []):
+        with v.guard:
+            a = v.ip(f, f"{tp}.flood[{i}]", uplink.ip.version if uplink else None)
+            if uplink is not None and a == uplink.ip:
+                v.fail(f"{tp}.flood[{i}]", f"{a} is our own VTEP address")
+            if a not in flood:
+                flood.append(a)
+
+    zone = vni
+    if t.get("zone") is not None:
+        zone = v.opt(t, "zone", f"{tp}.zone", v.integer, 1, 65535)
+    connection_limit = 0
+    if t.get("limits") is not None:
+        with v.guard:
+            lim = v.mapping(t["limits"], f"{tp}.limits", [], ["connections"])
+            if lim.get("connections") is not None:
+                connection_limit = v.opt(lim, "connections", f"{tp}.limits.connections", v.integer, 1, 1 << 30)
+    nat = None
+    if t.get("nat") is not None:
+        with v.guard:
+            if not internet_given:
+                v.fail(f"{tp}.nat", "NAT needs the internet: section (port, mac, nexthop_mac)")
+            endpoints = {ep.ip: ep for ep in list(ports.values()) + remote} if endpoints_ok else None
+            nat = _nat_section(v, t["nat"], f"{tp}.nat", tname, [n for n, _ in subnets], endpoints)
+    if v.bad > bad:
+        return None
+    tenant = Tenant(tname, vni, gw_mac, subnets, ports, remote, flood, index)
+    tenant.zone, tenant.connection_limit, tenant.nat = zone, connection_limit, nat
+    return tenant
+
+
+def _subnets(v: _V, raw: Any, tp: str) -> Tuple[List[Tuple[ipaddress.IPv4Network, ipaddress.IPv4Address]],
+                                               Dict[Any, int], bool]:
+    """The tenant's good subnets, their gateways (to the subnet's index), and
+    whether all of its subnets are good."""
+    if raw is None:
+        return [], {}, False     # required: recorded by mapping()
+    if not isinstance(raw, list) or not raw:
+        v.note(f"{tp}.subnets", "expected a non-empty list of {cidr, gateway}")
+        return [], {}, False
+    subnets: List[Tuple[ipaddress.IPv4Network, ipaddress.IPv4Address]] = []
+    gateways: Dict[Any, int] = {}
+    for i, s in enumerate(raw):
+        sp = f"{tp}.subnets[{i}]"
+        with v.guard:
+            v.mapping(s, sp, ["cidr", "gateway"], [])
+            net = v.req(s, "cidr", f"{sp}.cidr", v.network)
+            gw = v.req(s, "gateway", f"{sp}.gateway", v.ip, 4)
+            if net is _BAD or gw is _BAD:
+                raise _Abort()
+            if gw not in net:
+                v.fail(f"{sp}.gateway", f"{gw} is outside its subnet {net}")
+            if net.prefixlen <= 30 and gw in (net.network_address, net.broadcast_address):
+                v.fail(f"{sp}.gateway", f"{gw} is the network or broadcast address of {net}")
+            for (other, other_gw) in subnets:
+                if net.overlaps(other):
+                    j = gateways[other_gw]
+                    v.fail(f"{sp}.cidr", f"{net} overlaps {other} (subnets[{j}]) in the same tenant")
+            gateways[gw] = i
+            subnets.append((net, gw))
+    return subnets, gateways, len(subnets) == len(raw)
+
+
+def _endpoint(v: _V, r: Any, rp: str, tname: Any, nets: Optional[List[ipaddress.IPv4Network]],
+              seen_ip: Dict[Any, str], seen_mac: Dict[str, str], gw_ips: Dict[Any, int],
+              keys: List[str], uplink: Optional[Uplink]) -> Endpoint:
+    """A local port's {mac, ip} or a remote endpoint's {vtep, mac, ip} (with ``uplink``)."""
+    bad = v.bad
+    v.mapping(r, rp, keys, [])
+    vtep = None
+    if "vtep" in keys:
+        vtep = v.req(r, "vtep", f"{rp}.vtep", v.ip, uplink.ip.version if uplink else None)
+        if uplink is not None and vtep == uplink.ip:
+            v.note(f"{rp}.vtep", f"{vtep} is our own VTEP address")
+    mac_path, ip_path = f"{rp}.mac", f"{rp}.ip"
+    mac = v.req(r, "mac", mac_path, v.mac)
+    ip = v.req(r, "ip", ip_path, v.ip, 4)
+    if ip is not _BAD:
+        with v.guard:
+            if nets is not None:
+                _inside(v, ip, ip_path, nets, tname)
+            _unique(v, seen_ip, ip, ip_path, gw_ips)
+    if mac is not _BAD:
+        with v.guard:
+            _unique(v, seen_mac, mac, mac_path, None)
+    if v.bad > bad:
+        raise _Abort()
+    return Endpoint(mac=mac, ip=ip, vtep=vtep)
+
+
+def _inside(v: _V, ip: Any, path: str, nets: List[ipaddress.IPv4Network], tname: Any) -> None:
+    for n in nets:
+        if ip in n:
+            if n.prefixlen <= 30 and ip in (n.network_address, n.broadcast_address):
+                v.fail(path, f"{ip} is the network or broadcast address of {n}")
+            return
+    v.fail(path, f"{ip} is not inside any subnet of tenant {tname}")
 
 
 def _ipv4(v: _V, value: Any, path: str) -> ipaddress.IPv4Address:
     return v.ip(value, path, 4)
 
 
-def _nat_section(v: _V, n: Any, np: str, tenant: Tenant) -> Nat:
-    v.mapping(n, np, ["snat"], ["floating", "forwards", "filtering"])
-    snat = n["snat"]
-    text = str(snat)
-    if "-" in text:
-        lo_s, hi_s = text.split("-", 1)
-        lo, hi = _ipv4(v, lo_s.strip(), f"{np}.snat"), _ipv4(v, hi_s.strip(), f"{np}.snat")
+def _snat_pool(snat: Any, path: str, v: _V) -> Tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
+    if isinstance(snat, ipaddress.IPv4Address):
+        snat = str(snat)
+    if not isinstance(snat, str):
+        v.fail(path, f"{_short(snat)} is not an IPv4 address or a pool (first-last)")
+    if "-" in snat:
+        lo_s, hi_s = snat.split("-", 1)
+        lo, hi = _ipv4(v, lo_s.strip(), path), _ipv4(v, hi_s.strip(), path)
         if int(lo) > int(hi):
-            v.fail(f"{np}.snat", f"pool {lo}-{hi} is reversed (first address above the last)")
+            v.fail(path, f"pool {lo}-{hi} is reversed (first address above the last)")
         if int(hi) - int(lo) >= 65536:
-            v.fail(f"{np}.snat", f"pool {lo}-{hi} has more than 65,536 addresses")
+            v.fail(path, f"pool {lo}-{hi} has more than 65,536 addresses")
     else:
-        lo = hi = _ipv4(v, text, f"{np}.snat")
-    nets = [net for net, _ in tenant.subnets]
-    endpoints = {ep.ip: ep for ep in list(tenant.ports.values()) + tenant.remote}
+        lo = hi = _ipv4(v, snat, path)
+    return lo, hi
+
+
+def _nat_section(v: _V, n: Any, np: str, tname: Any, nets: List[ipaddress.IPv4Network],
+                 endpoints: Optional[Dict[Any, Endpoint]]) -> Nat:
+    """A tenant's nat: section; ``endpoints`` None when its ports or remote have
+    errors (then "not an endpoint" is not checked)."""
+    bad = v.bad
+    v.mapping(n, np, ["snat"], ["floating", "forwards", "filtering"])
 
     def public(addr, path):
         if any(addr in net for net in nets):
-            v.fail(path, f"{addr} is inside tenant {tenant.name}'s own subnets, not a public address")
+            v.fail(path, f"{addr} is inside tenant {tname}'s own subnets, not a public address")
         return addr
 
-    for i in range(int(lo), int(hi) + 1):
-        public(ipaddress.IPv4Address(i), f"{np}.snat")
+    pool = v.req(n, "snat", f"{np}.snat", _snat_pool, v)
+    if pool is not _BAD:   # the pool's first address inside one of the tenant's subnets
+        lo, hi = int(pool[0]), int(pool[1])
+        inside = [max(lo, int(net.network_address)) for net in nets
+                  if lo <= int(net.broadcast_address) and int(net.network_address) <= hi]
+        if inside:
+            with v.guard:
+                public(ipaddress.IPv4Address(min(inside)), f"{np}.snat")
     floating = []
     seen_private: Dict[Any, str] = {}
-    fl = n.get("floating") or []
-    if not isinstance(fl, list):
-        v.fail(f"{np}.floating", "expected a list of {private, public}")
-    for i, f in enumerate(fl):
+    for i, f in enumerate(v.collection(n, "floating", f"{np}.floating", list, "a list of {private, public}") or []):
         fp = f"{np}.floating[{i}]"
-        v.mapping(f, fp, ["private", "public"], [])
-        priv = _ipv4(v, f["private"], f"{fp}.private")
-        pub = public(_ipv4(v, f["public"], f"{fp}.public"), f"{fp}.public")
-        if priv not in endpoints:
-            v.fail(f"{fp}.private", f"{priv} is not an endpoint of tenant {tenant.name} (ports or remote)")
-        if priv in seen_private:
-            v.fail(f"{fp}.private", f"{priv} already has a floating address ({seen_private[priv]})")
-        seen_private[priv] = fp
-        if int(lo) <= int(pub) <= int(hi):
-            v.fail(f"{fp}.public", f"{pub} is in the tenant's snat pool; a floating address needs its own")
-        floating.append((priv, pub))
+        with v.guard:
+            v.mapping(f, fp, ["private", "public"], [])
+            priv = v.req(f, "private", f"{fp}.private", v.ip, 4)
+            pub = v.req(f, "public", f"{fp}.public", lambda a, p: public(_ipv4(v, a, p), p))
+            if priv is _BAD or pub is _BAD:
+                raise _Abort()
+            if endpoints is not None and priv not in endpoints:
+                v.fail(f"{fp}.private", f"{priv} is not an endpoint of tenant {tname} (ports or remote)")
+            if priv in seen_private:
+                v.fail(f"{fp}.private", f"{priv} already has a floating address ({seen_private[priv]})")
+            seen_private[priv] = fp
+            if pool is not _BAD and int(pool[0]) <= int(pub) <= int(pool[1]):
+                v.fail(f"{fp}.public", f"{pub} is in the tenant's snat pool; a floating address needs its own")
+            floating.append((priv, pub))
     forwards: List[Forward] = []
-    fw = n.get("forwards") or []
-    if not isinstance(fw, list):
-        v.fail(f"{np}.forwards", "expected a list of {proto, public, port, to, to_port}")
+    fw = v.collection(n, "forwards", f"{np}.forwards", list, "a list of {proto, public, port, to, to_port}") or []
     seen_fw: Dict[Any, str] = {}
     float_pubs = {pub for _, pub in floating}
     for i, f in enumerate(fw):
         fp = f"{np}.forwards[{i}]"
-        v.mapping(f, fp, ["proto", "public", "port", "to"], ["to_port"])
-        proto = f["proto"]
-        if proto not in ("tcp", "udp"):
-            v.fail(f"{fp}.proto", f"{proto!r} is not tcp or udp")
-        pub = public(_ipv4(v, f["public"], f"{fp}.public"), f"{fp}.public")
-        if pub in float_pubs:
-            v.fail(f"{fp}.public", f"{pub} is a floating address (all its ports go to its machine)")
-        port = v.integer(f["port"], f"{fp}.port", 1, 65535)
-        to = _ipv4(v, f["to"], f"{fp}.to")
-        if to not in endpoints:
-            v.fail(f"{fp}.to", f"{to} is not an endpoint of tenant {tenant.name} (ports or remote)")
-        to_port = v.integer(f.get("to_port", port), f"{fp}.to_port", 1, 65535)
-        key = (proto, pub, port)
-        if key in seen_fw:
-            v.fail(fp, f"{proto} {pub}:{port} is already forwarded by {seen_fw[key]}")
-        seen_fw[key] = fp
-        forwards.append(Forward(proto, pub, port, to, to_port))
-    filtering = n.get("filtering", "address-and-port-dependent")
-    if filtering not in ("endpoint-independent", "address-and-port-dependent"):
-        v.fail(f"{np}.filtering", f"{filtering!r} is not endpoint-independent or address-and-port-dependent")
-    return Nat((lo, hi), floating, forwards, filtering == "endpoint-independent")
+        with v.guard:
+            v.mapping(f, fp, ["proto", "public", "port", "to"], ["to_port"])
+            proto = v.req(f, "proto", f"{fp}.proto", v.choice, ("tcp", "udp"), "tcp or udp")
+            pub = v.req(f, "public", f"{fp}.public", lambda a, p: public(_ipv4(v, a, p), p))
+            if pub is not _BAD and pub in float_pubs:
+                v.note(f"{fp}.public", f"{pub} is a floating address (all its ports go to its machine)")
+            port = v.req(f, "port", f"{fp}.port", v.integer, 1, 65535)
+            to = v.req(f, "to", f"{fp}.to", v.ip, 4)
+            if to is not _BAD and endpoints is not None and to not in endpoints:
+                v.note(f"{fp}.to", f"{to} is not an endpoint of tenant {tname} (ports or remote)")
+            to_port = v.opt(f, "to_port", f"{fp}.to_port", v.integer, 1, 65535, default=port)
+            if _BAD in (proto, pub, port, to, to_port):
+                raise _Abort()
+            key = (proto, pub, port)
+            if key in seen_fw:
+                v.fail(fp, f"{proto} {pub}:{port} is already forwarded by {seen_fw[key]}")
+            seen_fw[key] = fp
+            forwards.append(Forward(proto, pub, port, to, to_port))
+    filterings = ("endpoint-independent", "address-and-port-dependent")
+    filtering = v.opt(n, "filtering", f"{np}.filtering", v.choice, filterings, " or ".join(filterings),
+                      default="address-and-port-dependent")
+    if v.bad > bad:
+        raise _Abort()
+    return Nat(pool, floating, forwards, filtering == "endpoint-independent")
 
 
 def _check_public_addresses(v: _V, tenants: Dict[str, "Tenant"]) -> None:
@@ -495,10 +1034,11 @@ def _check_public_addresses(v: _V, tenants: Dict[str, "Tenant"]) -> None:
     for tname, t in tenants.items():
         if not t.nat:
             continue
-        for addr in t.nat.public_addresses:
-            if addr in owner and owner[addr] != tname:
-                v.fail(f"tenants.{tname}.nat", f"public address {addr} is already used by tenant {owner[addr]}")
-            owner[addr] = tname
+        with v.guard:
+            for addr in t.nat.public_addresses:
+                if addr in owner and owner[addr] != tname:
+                    v.fail(f"tenants.{tname}.nat", f"public address {addr} is already used by tenant {owner[addr]}")
+                owner[addr] = tname
 
 
 def _unique(v: _V, seen: Dict[Any, str], key: Any, path: str, gateways: Optional[dict]) -> None:
