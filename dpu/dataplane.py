@@ -593,8 +593,9 @@ class Dataplane:
 
     # ---- counters ---------------------------------------------------------------------------
     def stats(self, sync: bool = True) -> dict:
-        """Counters: per port, per table, per tenant, cache levels (pmd-stats-show),
-        per worker. ``sync=False`` never waits for a worker: rule and table
+        """Counters: per port, per table, per tenant, per worker (pmd-stats-show:
+        ``workers``, and their sum ``workers_total``, also under its old name
+        ``pmd``). ``sync=False`` never waits for a worker: rule and table
         counters are then as of each worker's last housekeeping (live mode: 50 ms)."""
         raw = self._core.stats()
         names = {p["ofport"]: p["name"] for p in self._core.ports()}
@@ -606,8 +607,9 @@ class Dataplane:
                 tables.append(
                     {"table": t, "active": active, "lookups": lookups, "matches": matches, "misses": lookups - matches}
                 )
-        return {"ports": ports, "tables": tables, "tenants": tenants, "pmd": raw["pmd"],
-                "workers": raw["workers"], "conntrack": self._core.ct_stats()}
+        # workers_total: the sum of the workers' counters; "pmd" is its old name, kept for scripts
+        return {"ports": ports, "tables": tables, "tenants": tenants, "workers_total": raw["workers_total"],
+                "pmd": raw["pmd"], "workers": raw["workers"], "conntrack": self._core.ct_stats()}
 
     def set_tenants(self, tenants: Sequence[Tuple[str, int]]) -> None:
         with self.transaction() as t:

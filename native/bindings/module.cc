@@ -165,7 +165,7 @@ py::dict port_counters_dict(const PortCounters& c) {
   return p;
 }
 
-py::dict worker_counters_dict(const PmdCounters& c) {
+py::dict worker_counters_dict(const WorkerCounters& c) {
   py::dict d;
 #define DPU_WORKER_COUNTER(m, n, h) d[n] = c.m;
 #include "dpu/counters.def"
@@ -433,6 +433,22 @@ void bind_module_functions(py::module_& m) {
     }
     return py::make_tuple(mismatches, filled_fast, filled_plain);
   });
+  // counters.def as data: {"traffic"|"port"|"worker": [(stats key, description)]}.
+  m.def("counters", [] {
+    py::dict d;
+    py::list traffic, port, worker;
+#define DPU_TRAFFIC_COUNTER(m, h) traffic.append(py::make_tuple(#m, h));
+#define DPU_PORT_COUNTER(m, h) port.append(py::make_tuple(#m, h));
+#define DPU_WORKER_COUNTER(m, n, h) worker.append(py::make_tuple(n, h));
+#include "dpu/counters.def"
+#undef DPU_TRAFFIC_COUNTER
+#undef DPU_PORT_COUNTER
+#undef DPU_WORKER_COUNTER
+    d["traffic"] = traffic;
+    d["port"] = port;
+    d["worker"] = worker;
+    return d;
+  });
   m.def("drop_reasons", [] {
     std::vector<std::pair<std::string, std::string>> v;
     for (int r = 0; r < drop_reason_count(); r++) v.emplace_back(drop_reason_name(r), drop_reason_help(r));
@@ -462,6 +478,7 @@ void bind_replayer(py::module_& m) {
       .def_property_readonly("packets", &Replayer::packets)
       .def_property_readonly("bytes_done", &Replayer::bytes_done)
       .def_property_readonly("bytes_total", &Replayer::bytes_total)
+      .def_property_readonly("drops_written", &Replayer::drops_written)
       .def("outputs", &Replayer::outputs);
 }
 
@@ -553,6 +570,53 @@ void bind_traffic(py::module_& m) {
       py::arg("ifname"), py::arg("seconds"));
 }
 
+// Port names as of one moment, for formatting without the table lock.
+class PortNameSnapshot : public PortNames {
+ public:
+  explicit PortNameSnapshot(Dataplane& dp) {
+    for (const PortInfo& p : dp.ports()) {
+      if (names_.size() <= p.ofport) names_.resize(p.ofport + 1);
+      names_[p.ofport] = p.name;
+    }
+  }
+  uint32_t port_number(std::string_view name) const override {
+    for (size_t i = 0; i < names_.size(); i++)
+      if (!names_[i].empty() && names_[i] == name) return static_cast<uint32_t>(i);
+    return 0;
+  }
+  std::string port_name(uint32_t p) const override { return p < names_.size() ? names_[p] : std::string(); }
+
+ private:
+  std::vector<std::string> names_;
+};
+
+struct MegaflowRow {
+  size_t worker;
+  std::string match, actions;
+  uint64_t n_packets, n_bytes;
+};
+
+// Every worker's megaflows (ovs-appctl dpctl/dump-flows), each worker's
+// cache read under its mutex, between batches.
+std::vector<MegaflowRow> dump_megaflows(Dataplane& dp) {
+  PortNameSnapshot names(dp);
+  std::vector<MegaflowRow> rows;
+  for (size_t i = 0; i < dp.n_workers(); i++) {
+    Worker& w = dp.worker(i);
+    std::lock_guard<std::mutex> g(w.mu);
+    std::vector<MegaflowDump> v;
+    w.dump_megaflows(&v);
+    for (const MegaflowDump& d : v) {
+      Match m;
+      m.value = d.key;
+      m.mask = d.mask;
+      rows.push_back({i, format_match(m, 0, false, &names), format_dp_actions(*d.actions, &names), d.n_packets,
+                      d.n_bytes});
+    }
+  }
+  return rows;
+}
+
 // ---- control: transactions, ports, tenants, dumps ----------------------------------------------
 void bind_control(DataplaneClass& c) {
   c.def(py::init<size_t>(), py::arg("workers") = 1)
@@ -599,6 +663,17 @@ void bind_control(DataplaneClass& c) {
              for (const GroupDump& g : v) l.append(py::make_tuple(g.group_id, g.text, g.n_packets, g.n_bytes));
              return l;
            })
+      .def("dump_megaflows",
+           [](Dataplane& dp) {
+             std::vector<MegaflowRow> v;
+             {
+               py::gil_scoped_release nogil;
+               v = dump_megaflows(dp);
+             }
+             py::list l;
+             for (const MegaflowRow& r : v) l.append(py::make_tuple(r.worker, r.match, r.n_packets, r.n_bytes, r.actions));
+             return l;
+           })
       .def(
           "tables",
           [](Dataplane& dp, bool sync) {
@@ -628,9 +703,10 @@ void bind_counters(DataplaneClass& c) {
              py::list tenants;
              for (const TenantCounters& c : t.tenants) tenants.append(traffic_dict(c));
              d["tenants"] = tenants;
-             py::dict pmd = worker_counters_dict(t.pmd);
-             pmd["megaflows"] = t.megaflows;
-             d["pmd"] = pmd;
+             py::dict total = worker_counters_dict(t.workers_total);
+             total["megaflows"] = t.megaflows;
+             d["workers_total"] = total;
+             d["pmd"] = total;  // the old name of the same dict
              py::list workers;
              for (size_t i = 0; i < t.workers.size(); i++) {
                py::dict w = worker_counters_dict(t.workers[i]);
@@ -766,10 +842,11 @@ void bind_packets(DataplaneClass& c) {
              return py::make_tuple(bs.packets, bs.seconds);
            })
       .def("replayer",
-           [](Dataplane& dp, const std::vector<std::pair<uint32_t, std::string>>& inputs, const std::string& out_dir) {
+           [](Dataplane& dp, const std::vector<std::pair<uint32_t, std::string>>& inputs, const std::string& out_dir,
+              const std::string& drops_pcap) {
              std::vector<ReplayInput> in;
              for (const auto& i : inputs) in.push_back({i.first, i.second});
-             auto r = std::make_unique<Replayer>(&dp, std::move(in), out_dir);
+             auto r = std::make_unique<Replayer>(&dp, std::move(in), out_dir, drops_pcap);
              Status st;
              {
                py::gil_scoped_release nogil;
@@ -778,7 +855,7 @@ void bind_packets(DataplaneClass& c) {
              check(st);
              return r;
            },
-           py::keep_alive<0, 1>())
+           py::arg("inputs"), py::arg("out_dir"), py::arg("drops_pcap") = "", py::keep_alive<0, 1>())
       .def("set_profile",
            [](Dataplane& dp, bool on) {
              py::gil_scoped_release nogil;

@@ -79,7 +79,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     CtResult r;
     if (j < n) ct.execute(*ctw_, job.p, *job.spec, ct_prep_[j], now, dry_run, &r);
     else ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);
-    pmd.ct_packets++;
+    counters.ct_packets++;
     if (trace_) trace_->conntrack(*job.spec, r);
     if (r.drop != DROP_NONE) {
       drop(job.p, r.drop);

@@ -538,8 +538,8 @@ Totals Dataplane::totals() {
     for (auto& pc : tot.ports)
       if (pc.first < w->ports.size()) pc.second.add(w->ports[pc.first]);
     for (size_t t = 0; t < tot.tenants.size() && t < w->tenants.size(); t++) tot.tenants[t].add(w->tenants[t]);
-    tot.pmd.add(w->pmd);
-    tot.workers.push_back(w->pmd);
+    tot.workers_total.add(w->counters);
+    tot.workers.push_back(w->counters);
     tot.worker_megaflows.push_back(w->megaflow_count());
     tot.megaflows += w->megaflow_count();
   }

@@ -116,8 +116,8 @@ struct TraceResult {
 struct Totals {
   std::vector<std::pair<uint32_t, PortCounters>> ports;
   std::vector<TenantCounters> tenants;
-  PmdCounters pmd;
-  std::vector<PmdCounters> workers;  // each worker's own (pmd is their sum)
+  WorkerCounters workers_total;        // the sum of workers
+  std::vector<WorkerCounters> workers;  // each worker's own
   std::vector<uint64_t> worker_megaflows;
   uint64_t megaflows = 0;
 };

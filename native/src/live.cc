@@ -124,7 +124,7 @@ void LiveRunner::loop(size_t wi) {
     rr++;
     const int64_t t1 = mono_ns();
     if (got) {
-      w.pmd.busy_ns += static_cast<uint64_t>(t1 - t0);
+      w.counters.busy_ns += static_cast<uint64_t>(t1 - t0);
       if (++busy_rounds >= cfg_.yield_every) {  // let the kernel's receive work run
         busy_rounds = 0;
         sched_yield();
@@ -132,7 +132,7 @@ void LiveRunner::loop(size_t wi) {
     } else {
       busy_rounds = 0;
       poll(pfds.data(), pfds.size(), static_cast<int>(cfg_.idle_ms));
-      w.pmd.idle_ns += static_cast<uint64_t>(mono_ns() - t1);
+      w.counters.idle_ns += static_cast<uint64_t>(mono_ns() - t1);
     }
     if (t1 - last_house >= house_ns) {
       last_house = t1;

@@ -49,6 +49,11 @@ BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets
                      const uint32_t* ports, size_t n, uint64_t total);
 
 // ---- replay ----------------------------------------------------------------------
+// With a drops file, every arrival that produced no output is written to it
+// (pcapng: one interface per input port, named after it; each packet's
+// comment says "drop_reason=R in_port=P"), as it arrived, in arrival order
+// (an oversize frame, which no buffer held, as its length alone after the
+// rest of its burst).
 struct ReplayInput {
   uint32_t port;
   std::string path;
@@ -56,7 +61,7 @@ struct ReplayInput {
 
 class Replayer {
  public:
-  Replayer(Dataplane* dp, std::vector<ReplayInput> inputs, std::string out_dir);
+  Replayer(Dataplane* dp, std::vector<ReplayInput> inputs, std::string out_dir, std::string drops_pcap = "");
   ~Replayer();
   Status open();
   // Processes up to max_packets more arrivals (0: no limit). Returns false when
@@ -65,18 +70,23 @@ class Replayer {
   bool run(uint64_t max_packets, Status* st);
   Status close();  // flushes and closes the output files
   uint64_t packets() const;
+  uint64_t drops_written() const;  // records in the drops file
   uint64_t bytes_done() const;
   uint64_t bytes_total() const;
   std::vector<std::pair<std::string, std::string>> outputs() const;  // port name, file
 
  private:
   class Writers;
+  class DropWriter;
+  Status open_drops();
 
   Dataplane* dp_;
   std::vector<ReplayInput> spec_;
   std::string out_dir_;
   std::unique_ptr<PcapRx> rx_;
   std::unique_ptr<Writers> writers_;
+  std::string drops_path_;
+  std::unique_ptr<DropWriter> drops_;
   bool done_ = false;
 };
 

@@ -17,6 +17,11 @@
 //           and records VNI, outer source and destination in the packet
 //           metadata; the packet is then looked up again from the tunnel port.
 //
+// Counters: a push counts the inner frame as tx of the tunnel port (the one
+// on that underlay, of that address family) and in tunnel_pushes; a pop
+// counts the decapsulated frame as rx of the tunnel port (worker.cc counts
+// the pops it fuses into parsing the same way).
+//
 // Worker thread only; no allocation except the ICMP reply from the pool.
 #include <algorithm>
 
@@ -68,10 +73,22 @@ bool Worker::tnl_push(Packet* p, const Flow& key, const DpAction& act) {
   }
   p->l3_ofs = 14;
   p->l4_ofs = static_cast<uint16_t>(14 + ip_hdr);
+  counters.tunnel_pushes++;
+  for (const TunnelTx& t : tnl_tx_) {
+    if (t.underlay == act.port && t.ipv6 == a.ipv6) {
+      ports[t.port].tx_packets++;
+      ports[t.port].tx_bytes += inner;
+      break;
+    }
+  }
   return true;
 }
 
-uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) { return vxlan_pop(p, *act.tnl, act.port); }
+uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) {
+  uint16_t r = vxlan_pop(p, *act.tnl, act.port);
+  if (r == DROP_NONE) count_tunnel_rx(act.port, p->len);
+  return r;
+}
 
 // ICMP "fragmentation needed" / ICMPv6 "packet too big" back to the sender,
 // addressed from the original destination (as Linux does for bridged tunnels).

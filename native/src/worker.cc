@@ -4,6 +4,7 @@
 #include "worker.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "dataplane.h"
 #include "execute.h"
@@ -37,7 +38,7 @@ void Worker::sync_version() {
   if (version_) {
     push_stats();
     flush_caches();
-    pmd.flushes++;
+    counters.flushes++;
   }
   version_ = v;
   size_t n_tenants = 0;
@@ -47,8 +48,11 @@ void Worker::sync_version() {
   tenants.grow(n_tenants + 1);
   dp_->tunnel_terms(&tnl_terms_);
   is_underlay_.assign(is_tunnel_.size(), 0);
-  for (const TunnelTerm& t : tnl_terms_)
+  tnl_tx_.clear();
+  for (const TunnelTerm& t : tnl_terms_) {
     if (t.underlay < is_underlay_.size()) is_underlay_[t.underlay] = 1;
+    tnl_tx_.push_back({t.underlay, t.port, t.cfg.ipv6});
+  }
 }
 
 void Worker::flush_caches() {
@@ -60,14 +64,15 @@ uint32_t Worker::receive(RxQueue& q, uint32_t max, PortSink* sink) {
   Batch b;
   b.count = q.rx_burst(pool_, b.pkts, max, kBatchMax);
   const uint32_t taken = b.count + static_cast<uint32_t>(q.rejects.size());
-  for (const RxReject& r : q.rejects) count_oversize(r.port, r.len);
-  q.rejects.clear();
   if (b.count) {
     PortSink* prev = sink_;
     sink_ = sink;
     process(b);
     sink_ = prev;
   }
+  // After the burst they arrived in (the queue does not say where in it).
+  for (const RxReject& r : q.rejects) count_oversize(r.port, r.len);
+  q.rejects.clear();
   return taken;
 }
 
@@ -78,6 +83,20 @@ void Worker::count_oversize(uint32_t port, uint32_t len) {
   pc.rx_bytes += len;
   pc.dropped++;
   pc.drops[DROP_OVERSIZE]++;
+  // No buffer ever held it: its length only, timestamped as its burst's newest.
+  if (drop_sink_) drop_sink_->dropped(port, max_ts_, nullptr, 0, len, DROP_OVERSIZE);
+}
+
+void Worker::dump_megaflows(std::vector<MegaflowDump>* out) {
+  dpcls_.for_each([out](Megaflow& mf, Subtable& st) {
+    MegaflowDump d;
+    std::memcpy(words(d.key), mf.key, kKeyBytes);
+    std::memcpy(words(d.mask), st.mask, kKeyBytes);
+    d.n_packets = mf.n_packets.load(std::memory_order_relaxed);
+    d.n_bytes = mf.n_bytes.load(std::memory_order_relaxed);
+    d.actions = &mf.actions;
+    out->push_back(d);
+  });
 }
 
 void Worker::housekeeping() {
@@ -99,8 +118,8 @@ void Worker::push_stats() {
 void Worker::process(Batch& in) {
   sync_version();
   const uint32_t n = in.count;
-  pmd.packets += n;
-  pmd.batches++;
+  counters.packets += n;
+  counters.batches++;
   for (uint32_t i = 0; i < n; i++) {
     Packet* p = in.pkts[i];
     p->origin = i;
@@ -114,6 +133,20 @@ void Worker::process(Batch& in) {
     PortCounters& pc = ports[port];
     pc.rx_packets++;
     pc.rx_bytes += p->len;
+  }
+  if (__builtin_expect(drop_sink_ != nullptr, 0)) {  // keep each arrival as received
+    size_t total = 0;
+    for (uint32_t i = 0; i < n; i++) total += in.pkts[i]->len;
+    if (arrival_copy_.size() < total) arrival_copy_.resize(total);
+    uint32_t ofs = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      const Packet* p = in.pkts[i];
+      std::memcpy(arrival_copy_.data() + ofs, p->data(), p->len);
+      arrival_ofs_[i] = ofs;
+      arrival_len_[i] = p->len;
+      arrival_ts_[i] = p->md.timestamp_ns;
+      ofs += p->len;
+    }
   }
   recirculated_ = false;
   emit_seq_ = 0;
@@ -137,11 +170,11 @@ void Worker::process(Batch& in) {
     if (!ct_jobs_.empty()) {
       uint64_t t0 = profile_ ? cycles_now() : 0;
       conntrack_stage(next);
-      if (profile_) pmd.cycles[STAGE_CONNTRACK] += cycles_now() - t0;
+      if (profile_) counters.cycles[STAGE_CONNTRACK] += cycles_now() - t0;
     }
     if (!next.empty()) {
       recirculated_ = true;
-      pmd.recirculations += next.size();
+      counters.recirculations += next.size();
     }
     cur.swap(next);
   }
@@ -156,11 +189,22 @@ void Worker::process(Batch& in) {
       tenants[tenant_[i]].drops[r]++;
     }
   }
+  if (__builtin_expect(drop_sink_ != nullptr, 0)) report_drops(n);
   uint64_t t0 = profile_ ? cycles_now() : 0;
   flush_tx(recirculated_);
-  if (profile_) pmd.cycles[STAGE_TX] += cycles_now() - t0;
+  if (profile_) counters.cycles[STAGE_TX] += cycles_now() - t0;
   in.count = 0;
   if ((++batch_count_ & 1023) == 0) dpcls_.resort();
+}
+
+// The arrivals counted as drops above, as they arrived, to the drop sink.
+void Worker::report_drops(uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) {
+    if (out_count_[i]) continue;
+    uint16_t r = reason_[i] == DROP_NONE ? static_cast<uint16_t>(DROP_NO_OUTPUT) : reason_[i];
+    drop_sink_->dropped(in_port_[i], arrival_ts_[i], arrival_copy_.data() + arrival_ofs_[i], arrival_len_[i],
+                        arrival_len_[i], r);
+  }
 }
 
 // Stage 1: parse every packet of a sub-batch into keys[]. When the worker
@@ -195,14 +239,15 @@ uint32_t Worker::parse_stage(Packet** pkts, uint32_t n, Flow* keys, Packet** liv
         t = find_tunnel_term(tnl_terms_, outer_view(keys[m]));
     }
     if (kTerms && t) {
-      pmd.passes++;  // the outer lookup this replaces
+      counters.passes++;  // the outer lookup this replaces
       uint16_t r = vxlan_pop(p, t->pop, t->port);
       if (r != DROP_NONE) {
         drop(p, r);
         continue;
       }
-      pmd.recirculations++;
-      pmd.tunnel_pops++;
+      counters.recirculations++;
+      counters.tunnel_pops++;
+      count_tunnel_rx(t->port, p->len);
       parse_packet(p, &keys[m]);
     }
     live[m++] = p;
@@ -232,10 +277,10 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     hashes[i] = hash_key(keys[i]);
     emc_.prefetch(hashes[i]);
   }
-  pmd.passes += n;
+  counters.passes += n;
   if (profile_) {
     t1 = cycles_now();
-    pmd.cycles[STAGE_PARSE] += t1 - t0;
+    counters.cycles[STAGE_PARSE] += t1 - t0;
     t0 = t1;
   }
 
@@ -245,10 +290,10 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     if (mf) __builtin_prefetch(mf);
     else miss[n_miss++] = static_cast<uint8_t>(i);
   }
-  pmd.emc_hits += n - n_miss;
+  counters.emc_hits += n - n_miss;
   if (profile_) {
     t1 = cycles_now();
-    pmd.cycles[STAGE_EMC] += t1 - t0;
+    counters.cycles[STAGE_EMC] += t1 - t0;
     t0 = t1;
   }
 
@@ -258,9 +303,9 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     uint32_t i = miss[k];
     uint32_t probes = 0;
     Megaflow* mf = dpcls_.lookup(words(keys[i]), &probes);
-    pmd.subtable_probes += probes;
+    counters.subtable_probes += probes;
     if (mf) {
-      pmd.megaflow_hits++;
+      counters.megaflow_hits++;
       mfs[i] = mf;
       rng_ ^= rng_ << 13;
       rng_ ^= rng_ >> 7;
@@ -272,7 +317,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   }
   if (profile_) {
     t1 = cycles_now();
-    pmd.cycles[STAGE_MEGAFLOW] += t1 - t0;
+    counters.cycles[STAGE_MEGAFLOW] += t1 - t0;
     t0 = t1;
   }
 
@@ -284,8 +329,9 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     uint32_t i = up[k];
     uint32_t probes = 0;
     Megaflow* mf = dpcls_.lookup(words(keys[i]), &probes);  // an earlier miss may have installed it
+    counters.subtable_probes += probes;
     if (mf) {
-      pmd.megaflow_hits++;
+      counters.megaflow_hits++;
       mfs[i] = mf;
       continue;
     }
@@ -297,14 +343,14 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     } else {
       dp_->upcall(keys[i], &xo, nullptr);
     }
-    pmd.upcalls++;
+    counters.upcalls++;
     if (dpcls_.size() < max_megaflows_) {
       Flow wc = xo.wc;
       mf = dpcls_.insert(keys[i], wc, std::move(xo));
       mfs[i] = mf;
       emc_.insert(keys[i], hashes[i], mf);
     } else {
-      pmd.upcall_no_install++;
+      counters.upcall_no_install++;
       if (!trace_) dp_->credit(xo.xcache, 1, pkts[i]->len);
       direct[i] = static_cast<uint32_t>(uninstalled.size());
       uninstalled.push_back(std::move(xo));
@@ -313,7 +359,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   }
   if (profile_) {
     t1 = cycles_now();
-    pmd.cycles[STAGE_UPCALL] += t1 - t0;
+    counters.cycles[STAGE_UPCALL] += t1 - t0;
     t0 = t1;
   }
 
@@ -349,7 +395,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     }
     run_actions(p, keys[i], acts, n_acts, recirc);
   }
-  if (profile_) pmd.cycles[STAGE_EXECUTE] += cycles_now() - t0;
+  if (profile_) counters.cycles[STAGE_EXECUTE] += cycles_now() - t0;
 }
 
 void Worker::emit(uint32_t port, Packet* p, bool counts_as_output) {
@@ -388,8 +434,8 @@ void Worker::flush_tx(bool sort) {
     if (sort && !std::is_sorted(q.begin(), q.end(), by_origin)) std::sort(q.begin(), q.end(), by_origin);
     const uint32_t n = static_cast<uint32_t>(q.size());
     const uint32_t sent = sink_ ? sink_->send(port, q.data(), n) : n;
-    pmd.tx_batches++;
-    pmd.tx_packets += sent;
+    counters.tx_batches++;
+    counters.tx_packets += sent;
     uint64_t bytes = 0;
     for (uint32_t i = 0; i < n; i++) {
       if (i < sent) bytes += q[i]->len;

@@ -1,4 +1,7 @@
 // worker.h: one datapath worker (a PMD thread in OVS terms): the fast path.
+// "Worker" is the one name for it in code, counters (WorkerCounters,
+// stats()["workers"]) and docs; OVS's "pmd" survives only as the old name
+// of the summed counters in stats() (README, Counters).
 //
 // A worker owns a packet pool, an exact-match cache, a megaflow cache, per-port
 // transmit queues and its counters. process() takes one received batch through
@@ -15,6 +18,13 @@
 // one its caches were built from; on a change it pushes its megaflow counters
 // to the rules (so no count is lost) and flushes both caches: a cache never
 // returns a result derived from older tables.
+//
+// Tunnel ports count what they carry: a successful VXLAN push counts the inner
+// frame as tx of its tunnel port, a successful pop as rx (vxlan.cc).
+//
+// With a DropSink set (a replay's --drops-pcap), every arrival that produced
+// no output is handed to it as it arrived (a copy taken before the actions
+// ran), with its port and reason, once, exactly where the drop is counted.
 //
 // Thread-safety: process() runs on the worker's own thread (or the API caller)
 // with `mu` held; the control thread takes `mu` to read counters and caches.
@@ -57,6 +67,25 @@ class PortSink {
   // Copies out what it needs and returns how many of the n went out (the
   // rest count as tx_dropped); the packets return to the pool afterwards.
   virtual uint32_t send(uint32_t port, Packet* const* pkts, uint32_t n) = 0;
+};
+
+// Where the arrivals that produced no output go when a drop capture is on
+// (runner.cc writes them to a pcapng file with the reason as a comment).
+class DropSink {
+ public:
+  virtual ~DropSink() = default;
+  // One dropped arrival: `data` holds `len` bytes of the frame as received
+  // (nullptr and 0 when no buffer ever held it: oversize), `wire_len` its size.
+  virtual void dropped(uint32_t port, uint64_t ts_ns, const uint8_t* data, uint32_t len, uint32_t wire_len,
+                       uint16_t reason) = 0;
+};
+
+// One megaflow as dpctl/dump-flows shows it: the masked key and its mask
+// (Flow layout, pipeline state zero), its counts and its datapath actions.
+struct MegaflowDump {
+  Flow key{}, mask{};
+  uint64_t n_packets = 0, n_bytes = 0;
+  const DpActions* actions = nullptr;  // valid while the caller holds the worker's mu
 };
 
 // A counter as another thread sees it (its owner writes it with plain stores).
@@ -132,12 +161,14 @@ enum Stage : uint8_t {
 };
 constexpr const char* kStageNames[STAGE_COUNT] = {"parse", "emc", "megaflow", "upcall", "execute", "tx", "conntrack"};
 
-struct PmdCounters {
+// What one worker did (dpif-netdev/pmd-stats-show): counters.def's worker
+// group, plus cycles per stage when profiling.
+struct WorkerCounters {
 #define DPU_WORKER_COUNTER(m, n, h) uint64_t m = 0;
 #include "dpu/counters.def"
 #undef DPU_WORKER_COUNTER
   uint64_t cycles[STAGE_COUNT] = {};
-  void add(const PmdCounters& o) {
+  void add(const WorkerCounters& o) {
 #define DPU_WORKER_COUNTER(m, n, h) m += relaxed(o.m);
 #include "dpu/counters.def"
 #undef DPU_WORKER_COUNTER
@@ -165,6 +196,8 @@ class Worker {
   PacketPool& pool() { return pool_; }
   CtWorker& ct_worker() { return *ctw_; }
   void set_sink(PortSink* s) { sink_ = s; }
+  // Every dropped arrival to `s` as well (nullptr: off, the default). Caller holds mu.
+  void set_drop_sink(DropSink* s) { drop_sink_ = s; }
   void set_profile(bool on) { profile_ = on; }
   void set_emc_insert_inv_prob(uint32_t n) { emc_inv_prob_ = n ? n : 1; }
   void set_max_megaflows(size_t n) { max_megaflows_ = n; }
@@ -183,12 +216,14 @@ class Worker {
   void flush_caches();
   size_t megaflow_count() const { return __atomic_load_n(&dpcls_.size_ref(), __ATOMIC_RELAXED); }
   Dpcls& dpcls() { return dpcls_; }
+  // The megaflows in this worker's cache (caller holds mu while using them).
+  void dump_megaflows(std::vector<MegaflowDump>* out);
 
   std::mutex mu;
   // Counters: written by this worker only, read from any thread without mu.
   CounterArray<PortCounters> ports{kMaxOfport + 1};      // by ofport
   CounterArray<TenantCounters> tenants{kMaxTenantSlots};  // by tenant index
-  PmdCounters pmd;
+  WorkerCounters counters;
 
  private:
   friend class Executor;
@@ -211,12 +246,16 @@ class Worker {
   void flush_tx(bool sort);
   // vxlan.cc
   bool tnl_push(Packet* p, const Flow& key, const DpAction& a);
-
- public:
-  // Validates and strips VXLAN; DROP_NONE on success (also used by trace).
-  static uint16_t tnl_pop(Packet* p, const DpAction& a);
-
- private:
+  // Validates and strips VXLAN (the TNL_POP action); DROP_NONE on success.
+  uint16_t tnl_pop(Packet* p, const DpAction& a);
+  // A decapsulated frame: rx of its tunnel port.
+  void count_tunnel_rx(uint32_t tunnel_port, uint32_t len) {
+    if (tunnel_port < ports.size()) {
+      ports[tunnel_port].rx_packets++;
+      ports[tunnel_port].rx_bytes += len;
+    }
+  }
+  void report_drops(uint32_t n);
   void send_too_big(Packet* p, const Flow& key, const TnlHeader& a);
 
   Dataplane* dp_;
@@ -254,6 +293,19 @@ class Worker {
   TraceRecorder* trace_ = nullptr;
   uint64_t max_ts_ = 0;                   // newest timestamp of the batch (the conntrack clock in a replay)
   std::vector<uint8_t> is_underlay_;      // by ofport
+  // Tunnel ports by underlay and family (the TNL_PUSH action names only the
+  // underlay): whose tx an encapsulation counts. From tnl_terms_.
+  struct TunnelTx {
+    uint32_t underlay, port;
+    bool ipv6;
+  };
+  std::vector<TunnelTx> tnl_tx_;
+  // Drop capture (drop_sink_ set): each arrival's frame as received.
+  DropSink* drop_sink_ = nullptr;
+  std::vector<uint8_t> arrival_copy_;
+  uint32_t arrival_ofs_[kBatchMax];
+  uint32_t arrival_len_[kBatchMax];
+  uint64_t arrival_ts_[kBatchMax];
   bool fast_tunnel_ = true;
   uint16_t out_count_[kBatchMax];
   uint16_t reason_[kBatchMax];
