@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import gen
+from . import gen, report
 from .dataplane import Dataplane
 
 PACKET_SIZE = 64
@@ -299,36 +299,44 @@ def _run_native(dp, pkts, ports, total: int) -> Tuple[int, float]:
     return dp._core.bench(data, pkts.offsets, pkts.lengths, ports, total)
 
 
-def measure(dp, pkts, ports, packets: int, repeat: int, stages: bool = False) -> dict:
+Progress = Callable[[int, int, int], None]  # step, steps, packets measured so far
+
+
+def measure(dp, pkts, ports, packets: int, repeat: int, stages: bool = False,
+            progress: Optional[Progress] = None) -> dict:
     """Warm-up, then `repeat` runs of `packets`; the median rate, cache behaviour
-    during the measured runs, and optionally per-stage ns/packet."""
+    during the measured runs (report.cache_stats, as every report computes it),
+    and optionally per-stage ns/packet."""
     data = pkts.data.tobytes()
     warm = max(2 * len(pkts), 200_000)
+    steps = 1 + repeat + int(stages)
     dp._core.bench(data, pkts.offsets, pkts.lengths, ports, warm)
-    before = dp.stats()["pmd"]
+    if progress:
+        progress(1, steps, 0)
+    before = report.workers_total(dp.stats())
     rates = []
-    for _ in range(repeat):
+    for i in range(repeat):
         n, secs = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets)
         rates.append(n / secs)
-    after = dp.stats()["pmd"]
+        if progress:
+            progress(2 + i, steps, (i + 1) * packets)
+    cache = report.cache_stats(report.worker_delta(report.workers_total(dp.stats()), before))
     med = statistics.median(rates)
-    passes = after["passes"] - before["passes"]
-    lookups = passes - (after["tunnel_pops"] - before["tunnel_pops"])  # popped before any lookup
     out = {
         "mpps": round(med / 1e6, 3),
         "ns_per_packet": round(1e9 / med, 2),
         "runs_mpps": [round(r / 1e6, 3) for r in rates],
-        "emc_hit_rate": round((after["emc_hits"] - before["emc_hits"]) / lookups, 4) if lookups else 0.0,
-        "megaflow_hit_rate": round((after["megaflow_hits"] - before["megaflow_hits"]) / lookups, 4) if lookups else 0.0,
-        "upcalls": after["upcalls"] - before["upcalls"],
-        "passes_per_packet": round(passes / (after["packets"] - before["packets"]), 3),
-        "megaflows": after["megaflows"],
+        "emc_hit_rate": cache["emc_hit_rate"],
+        "megaflow_hit_rate": cache["megaflow_hit_rate"],
+        "upcalls": cache["upcalls"],
+        "passes_per_packet": cache["passes_per_packet"],
+        "megaflows": cache["megaflows"],
     }
     if stages:
         dp._core.set_profile(True)
-        c0 = dict(dp.stats()["pmd"]["cycles"])
+        c0 = dict(report.workers_total(dp.stats())["cycles"])
         n, secs = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets)
-        c1 = dp.stats()["pmd"]["cycles"]
+        c1 = report.workers_total(dp.stats())["cycles"]
         dp._core.set_profile(False)
         hz = _tsc_hz()
         out["stages_ns_per_packet"] = {k: round((c1[k] - c0[k]) / hz * 1e9 / n, 2) for k in c1}
@@ -356,9 +364,12 @@ def _upcall_rate(dp, pkts, ports) -> float:
     return got / secs
 
 
-def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool = False) -> dict:
+def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool = False,
+        progress: Optional[Progress] = None) -> dict:
+    """One scenario; ``progress(step, steps, packets)`` after building it, the
+    warm-up and each measured run (replay-10m: after generating and each replay)."""
     if name == "replay-10m":
-        return _replay_10m(packets or 10_000_000, min(repeat, 3))
+        return _replay_10m(packets or 10_000_000, min(repeat, 3), progress)
     t0 = time.perf_counter()
     dp, pkts, ports, info = BUILDERS[name]()
     setup_s = time.perf_counter() - t0
@@ -366,7 +377,7 @@ def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool 
     res = {"scenario": name, "packet_size": PACKET_SIZE, "packets": n, "repeat": repeat,
            "setup_seconds": round(setup_s, 3), **info}
     ct0 = dp.stats()["conntrack"]
-    res.update(measure(dp, pkts, ports, n, repeat, stages))
+    res.update(measure(dp, pkts, ports, n, repeat, stages, progress))
     if name.startswith("snat"):
         ct1 = dp.stats()["conntrack"]
         res["connections"] = ct1["connections"]
@@ -381,7 +392,7 @@ def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool 
     return res
 
 
-def _replay_10m(packets: int, repeat: int) -> dict:
+def _replay_10m(packets: int, repeat: int, progress: Optional[Progress] = None) -> dict:
     tmp = tempfile.mkdtemp(prefix="dpu-bench-")
     try:
         dp, _, _, info = _l3(1000)
@@ -391,6 +402,8 @@ def _replay_10m(packets: int, repeat: int) -> dict:
         gen.generate_pcap(src, f'Ether(dst="{ROUTER_MAC}",src="02:00:00:00:0a:01")/IP(src="172.16.0.1",dst="10.0.0.0",ttl=64)/UDP(sport=1024,dport=5000)',
                           packets, flows=1000, vary=vary, size=PACKET_SIZE)
         gen_s = time.perf_counter() - t0
+        if progress:
+            progress(1, 1 + repeat, 0)
         rates = []
         for i in range(repeat):
             out = os.path.join(tmp, f"out{i}")
@@ -398,6 +411,8 @@ def _replay_10m(packets: int, repeat: int) -> dict:
             s = dp.replay({"p1": src}, out)
             rates.append(s.packets_in / (time.perf_counter() - t0))
             shutil.rmtree(out)
+            if progress:
+                progress(2 + i, 1 + repeat, (i + 1) * packets)
         med = statistics.median(rates)
         return {"scenario": "replay-10m", "packet_size": PACKET_SIZE, "packets": packets, "repeat": repeat,
                 "flows": info["flows"], "rules": info["rules"], "mpps": round(med / 1e6, 3),
@@ -408,7 +423,7 @@ def _replay_10m(packets: int, repeat: int) -> dict:
 
 
 def render(res: dict) -> str:
-    line = (f"{res['scenario']:<16} {res['mpps']:8.2f} Mpps {res['ns_per_packet']:8.1f} ns/pkt"
+    line = (f"{res['scenario']:<16} {report.rate_text(res['mpps'] * 1e6):>12} {res['ns_per_packet']:8.1f} ns/pkt"
             f"  flows={res.get('flows')} rules={res.get('rules')}")
     if "emc_hit_rate" in res:
         line += f"  emc={res['emc_hit_rate']:.0%} megaflow={res['megaflow_hit_rate']:.0%} upcalls={res['upcalls']}"

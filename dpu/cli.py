@@ -225,31 +225,8 @@ def _parse_in(values: Sequence[str]) -> List[tuple]:
 # ---- progress -------------------------------------------------------------------------
 
 
-class _Progress:
-    """A one-line progress bar on stderr, only on a terminal and for long inputs."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.t0 = time.perf_counter()
-        self.shown = False
-
-    def __call__(self, done: int, total: int, packets: int) -> None:
-        if not self.enabled or total <= 0:
-            return
-        elapsed = time.perf_counter() - self.t0
-        if not self.shown and elapsed < 0.5:
-            return
-        frac = min(done / total, 1.0)
-        width = 30
-        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        rate = packets / elapsed / 1e6 if elapsed > 0 else 0.0
-        sys.stderr.write(f"\r[{bar}] {frac * 100:5.1f}%  {packets:,} packets  {rate:.2f} Mpps")
-        sys.stderr.flush()
-        self.shown = True
-
-    def close(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
+from .report import Progress as _Progress  # noqa: E402 - one progress bar: replay, gen, bench, demo
+from .report import show_arg as _show_arg  # noqa: E402
 
 
 # ---- commands ---------------------------------------------------------------------------
@@ -262,12 +239,12 @@ def cmd_replay(args) -> int:
     for _, path in inputs:
         _input_file(path, "capture file")
     dp = _build(args, [p for p, _ in inputs])
-    outputs = _replay_outputs(dp, args.out_dir)
+    outputs = _replay_outputs(dp, args.out_dir) + ([args.drops_pcap] if args.drops_pcap else [])
     _refuse_overwrite(outputs, _given_inputs(args, inputs))
     _output_dir(args.out_dir)
     progress = _Progress(not args.no_progress)
     try:
-        summary = dp.replay(inputs, args.out_dir, progress=progress)
+        summary = dp.replay(inputs, args.out_dir, progress=progress, drops_pcap=args.drops_pcap)
     except DpuError as e:
         progress.close()
         partial = getattr(e, "summary", None)
@@ -275,7 +252,7 @@ def cmd_replay(args) -> int:
         if isinstance(e, DpuIOError) and e.file and os.path.normpath(e.file) in map(os.path.normpath, outputs):
             removed = _drop_incomplete_outputs(partial, e.file)  # a write failed: no incomplete output stays
         if partial is not None and not args.json:
-            print(partial.render())
+            print(partial.render(args.show))
             for port, path in partial.outputs.items():
                 print(f"  {port}: {path}")
             for path in removed:
@@ -291,7 +268,7 @@ def cmd_replay(args) -> int:
     if args.json:
         print(summary.to_json())
     else:
-        print(summary.render())
+        print(summary.render(args.show))
         for port, path in summary.outputs.items():
             print(f"  {port}: {path}")
     return 0
@@ -416,11 +393,17 @@ def cmd_gen(args) -> int:
         k, r = v.split("=", 1)
         vary[k] = r
     t0 = time.perf_counter()
+    progress = _Progress(True, "generating")
     with _atomic_output(args.output, "-o") as tmp:
-        n = gen.generate_pcap(tmp, args.template, args.count, flows=args.flows, vary=vary or None,
-                              size=args.size, seed=args.seed)
+        try:
+            n = gen.generate_pcap(tmp, args.template, args.count, flows=args.flows, vary=vary or None,
+                                  size=args.size, seed=args.seed, progress=progress)
+        finally:
+            progress.close()
     dt = time.perf_counter() - t0
-    print(f"wrote {n} packets to {args.output} in {dt:.2f}s ({n / dt / 1e6:.2f} Mpps)")
+    from .report import rate_text
+
+    print(f"wrote {n} packets to {args.output} in {dt:.2f}s ({rate_text(n / dt) if dt > 0 else '-'})")
     return 0
 
 
@@ -445,7 +428,11 @@ def cmd_bench(args) -> int:
             for res in run_live(name, repeat=min(args.repeat, 3), workers=workers, io=ios, flows=flows):
                 print(json.dumps(res, sort_keys=True) if args.json else render(res), flush=True)
             continue
-        res = bench.run(name, packets=args.packets, repeat=args.repeat, stages=args.stages)
+        progress = _Progress(True, name, show_rate=False)
+        try:
+            res = bench.run(name, packets=args.packets, repeat=args.repeat, stages=args.stages, progress=progress)
+        finally:
+            progress.close()
         if args.json:
             print(json.dumps(res, sort_keys=True), flush=True)
         else:
@@ -711,7 +698,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="input capture for a port (repeatable)")
     sp.add_argument("--out-dir", required=True,
                     help="directory for <port>.pcap outputs (created if missing; an output that is an input is refused)")
-    sp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    sp.add_argument("--json", action="store_true", help="print the summary as JSON (every view's data)")
+    sp.add_argument("--show", type=_show_arg, default=["ports"], metavar="VIEW,...",
+                    help="what to print after the replay, comma-separated: ports (ovs-ofctl dump-ports), flows "
+                         "(dump-flows: per-rule counts), tables (dump-tables), groups (dump-groups), megaflows "
+                         "(ovs-appctl dpctl/dump-flows), workers (dpif-netdev/pmd-stats-show: cache hits), or all; "
+                         "the OVS command names work too (default: ports)")
+    sp.add_argument("--drops-pcap", metavar="FILE", default=None,
+                    help="write every dropped packet to FILE (pcapng; each packet's comment names its drop reason "
+                         "and port: Wireshark's frame.comment)")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
     sp.set_defaults(func=cmd_replay)
 

@@ -584,12 +584,14 @@ class Dataplane:
         out_dir: Union[str, os.PathLike],
         progress: Any = None,
         chunk: int = 1_000_000,
+        drops_pcap: Optional[Union[str, os.PathLike]] = None,
     ) -> "ReplaySummary":
         """Replays pcap/pcapng files (port -> file) and writes one pcap per port
-        into ``out_dir``; see :mod:`dpu.replay`."""
+        into ``out_dir`` (and, with ``drops_pcap``, every dropped packet with its
+        reason to that pcapng file); see :mod:`dpu.replay`."""
         from .replay import replay
 
-        return replay(self, inputs, out_dir, progress=progress, chunk=chunk)
+        return replay(self, inputs, out_dir, progress=progress, chunk=chunk, drops_pcap=drops_pcap)
 
     # ---- counters ---------------------------------------------------------------------------
     def stats(self, sync: bool = True) -> dict:

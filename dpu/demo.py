@@ -15,7 +15,7 @@ import numpy as np
 
 from . import gen
 from .dataplane import Dataplane
-from .report import counter_tables, tenant_zones
+from .report import Progress, cache_stats, counter_tables, rate_text, tcpreplay_lines, tenant_zones, workers_total
 
 TOPOLOGY = """\
 uplink:
@@ -143,10 +143,14 @@ def _concat_sorted(parts: List[gen.Packets]) -> gen.Packets:
     return gen.Packets(data, offsets[order], lengths[order], ts[order])
 
 
-def make_traffic(in_dir: str, packets: int) -> Dict[str, str]:
+def make_traffic(in_dir: str, packets: int, progress=None) -> Dict[str, str]:
+    """One pcap per port of TRAFFIC's streams; ``progress(done, total, packets)``
+    after each stream."""
     os.makedirs(in_dir, exist_ok=True)
     files = {}
     total_share = sum(s for streams in TRAFFIC.values() for _, s, *_ in streams)
+    n_streams = sum(len(streams) for streams in TRAFFIC.values())
+    done = made = 0
     for port, streams in TRAFFIC.items():
         parts = []
         for k, (_, share, tmpl, flows, vary, *delay) in enumerate(streams):
@@ -154,6 +158,9 @@ def make_traffic(in_dir: str, packets: int) -> Dict[str, str]:
             interval = max(1, int(1e9 / (packets * share / total_share)))  # spread every stream over one second
             start = 1_700_000_000 * 10**9 + k * 7 + (delay[0] if delay else 0)
             parts.append(gen.generate(tmpl, n, flows=flows, vary=vary or None, start_ns=start, interval_ns=interval))
+            done, made = done + 1, made + n
+            if progress:
+                progress(done, n_streams, made)
         path = os.path.join(in_dir, f"{port}.pcap")
         _concat_sorted(parts).write_pcap(path)
         files[port] = path
@@ -171,13 +178,20 @@ def run_demo(out_dir: str = "dpu-demo", packets: int = 200_000, as_json: bool = 
     with open(os.path.join(out_dir, "flows.txt"), "w") as f:
         f.write(dp.topology.text())
     t0 = time.perf_counter()
-    inputs = make_traffic(os.path.join(out_dir, "in"), packets)
+    bar = Progress(not as_json, "generating")
+    inputs = make_traffic(os.path.join(out_dir, "in"), packets, progress=bar)
     gen_s = time.perf_counter() - t0
-    summary = dp.replay(inputs, os.path.join(out_dir, "out"))
+    bar.label = "replaying"
+    try:
+        summary = dp.replay(inputs, os.path.join(out_dir, "out"), progress=bar)
+    finally:
+        bar.close()
     st = dp.stats()
     if as_json:
+        total = workers_total(st)
         print(json.dumps({"replay": summary.as_dict(), "tables": st["tables"], "tenants": st["tenants"],
-                          "pmd": st["pmd"], "conntrack": st["conntrack"], "flows": len(dp.dump_flows())},
+                          "workers_total": total, "pmd": total, "workers": st["workers"],
+                          "cache": cache_stats(total), "conntrack": st["conntrack"], "flows": len(dp.dump_flows())},
                          sort_keys=True))
         return 0
     print(f"dpu demo: {len(dp.dump_flows())} flows compiled from {topo_path} in {load_s * 1e3:.0f} ms; "
@@ -188,7 +202,8 @@ def run_demo(out_dir: str = "dpu-demo", packets: int = 200_000, as_json: bool = 
             print(f"  {port:<4} {what}")
     print()
     print(counter_tables(st, ports=summary.ports, zones=tenant_zones(dp), connections=dp.conntrack()[:3]))
-    print(f"Rate: {summary.packets_in:,} packets in {summary.seconds:.3f}s = {summary.mpps:.2f} Mpps "
+    print(f"Rate: {summary.packets_in:,} packets in {summary.seconds:.3f}s = {rate_text(summary.pps)} "
           f"(read pcaps, process, write pcaps; one core)")
+    print("\n".join(tcpreplay_lines(summary.packets_in, summary.bytes_in, summary.seconds)))
     print(f"\nWrote {out_dir}/topology.yaml, {out_dir}/flows.txt, {out_dir}/in/*.pcap, {out_dir}/out/*.pcap")
     return 0

@@ -565,18 +565,53 @@ def generate_pcap(
     start_ns: int = 0,
     interval_ns: int = 1000,
     chunk_bytes: int = 4 << 20,
+    progress=None,
 ) -> int:
     """Like generate(), but stream the packets to a pcap file in chunks of about `chunk_bytes`.
 
     Memory use does not grow with `count`. Returns the number of packets written.
+    ``progress(bytes_written, bytes_total, packets_written)`` is called about
+    five times a second while it writes (and once at the end).
     """
     _check_counts(count, start_ns, interval_ns)
     st = _stamper(template, flows, vary, size, seed)
     chunk = max(1, int(chunk_bytes) // st.length)
     try:
-        return st.write_pcap(path, count, start_ns, interval_ns, chunk)
+        if progress is None:
+            return st.write_pcap(path, count, start_ns, interval_ns, chunk)
+        return _with_progress(lambda: st.write_pcap(path, count, start_ns, interval_ns, chunk), path,
+                              24 + count * (16 + st.length), 16 + st.length, progress)
     except _gen.NativeError as e:
         raise _native_error(e) from None
+
+
+def _with_progress(write, path, total: int, per_packet: int, progress) -> int:
+    """Runs ``write`` (which releases the GIL) on a thread and reports how far
+    the file has grown until it returns."""
+    import threading
+
+    result: list = []
+
+    def work() -> None:
+        try:
+            result.append((True, write()))
+        except BaseException as e:  # noqa: BLE001 - re-raised on the caller's thread
+            result.append((False, e))
+
+    t = threading.Thread(target=work, name="dpu-gen", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.2)
+        try:
+            done = min(os.path.getsize(path), total)
+        except OSError:
+            done = 0
+        progress(done, total, max(0, done - 24) // per_packet)
+    ok, value = result[0]
+    if not ok:
+        raise value
+    progress(total, total, value)
+    return value
 
 
 def read_pcap(path: Union[str, os.PathLike], limit: Optional[int] = None) -> Packets:

@@ -125,7 +125,7 @@ def test_demo_runs_and_counts(tmp_path, capsys):
         assert (tmp_path / "d" / f).exists(), f
     assert main(["demo", "--out-dir", str(tmp_path / "t"), "--packets", "5000"]) == 0
     text = capsys.readouterr().out
-    assert "Ports:" in text and "Tenants:" in text and "Mpps" in text
+    assert "Ports:" in text and "Tenants:" in text and "pps" in text and "0.00 Mpps" not in text
 
 
 def test_bench_json_lines(capsys):
