@@ -633,6 +633,20 @@ class Dataplane:
             self._core.set_ct_config(dict(timeouts or {}), max_connections)
         return self._core.ct_config()
 
+    def set_frags(self, mode: str) -> None:
+        """How IP fragments meet the tables, as ``ovs-ofctl set-frags``: ``"normal"``
+        (the default, as Open vSwitch: every fragment's L4 ports and ICMP type/code
+        read as 0 when matching) or ``"nx-match"`` (a first fragment's real ports are
+        matched; later fragments have none). Flushes the caches."""
+        if mode not in ("normal", "nx-match"):
+            raise InvalidArgumentError(f"frag mode must be 'normal' or 'nx-match', got {mode!r}")
+        self._core.set_frag_nx_match(mode == "nx-match")
+
+    @property
+    def frags(self) -> str:
+        """The fragment handling mode (:meth:`set_frags`)."""
+        return "nx-match" if self._core.frag_nx_match() else "normal"
+
     def warp(self, seconds: float) -> None:
         """Advances this dataplane's clock (tests: flow durations, later aging)."""
         self._core.warp(int(seconds * 1e9))

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Tuple
 MAX_RESUBMIT_DEPTH = 64
 MAX_RESUBMITS = 4096
 
-ETH_IP, ETH_IPV6, ETH_ARP = 0x0800, 0x86DD, 0x0806
+ETH_IP, ETH_IPV6, ETH_ARP, ETH_RARP = 0x0800, 0x86DD, 0x0806, 0x8035
 VLAN_TPIDS = (0x8100, 0x88A8)
 DL_TYPE_NONE = 0x05FF  # 802.3 length frames
 VLAN_CFI = 0x1000  # "tag present" bit of vlan_tci in the key
@@ -233,6 +233,7 @@ SET_TARGETS = {
     "arp_tha": ("mac", "arp_tha"),
     "nw_ttl": ("int", "nw_ttl"),
     "ip_dscp": ("int", "ip_dscp"),
+    "arp_op": ("int", "arp_op"),
     "metadata": ("int", "metadata"),
     **{f"reg{i}": ("int", f"reg{i}") for i in range(8)},
 }
@@ -269,7 +270,7 @@ NXM_NAMES = {
 }
 # width of a writable field (by internal name)
 FIELD_WIDTH = dict(KEY_WIDTH)
-FIELD_WIDTH.update({"arp_spa": 32, "arp_tpa": 32, "ip_dscp": 6})
+FIELD_WIDTH.update({"arp_spa": 32, "arp_tpa": 32, "ip_dscp": 6, "arp_op": 8})
 
 DROP_REASONS = (
     "table_miss", "action_drop", "no_output", "ttl_exceeded", "resubmit_limit", "recirc_limit",
@@ -343,6 +344,7 @@ class Model:
         self.port_name: Dict[int, str] = {i + 1: name for i, name in enumerate(ports)}
         self.tables: Dict[int, List[Rule]] = {}
         self.groups: Dict[int, Group] = {}
+        self.frags = "normal"  # Dataplane.set_frags: "normal" or "nx-match"
         self.seq = 0
         self.table_stats: Dict[int, List[int]] = {}  # table -> [lookups, matches]
         self.port_stats: Dict[str, dict] = {
@@ -509,6 +511,10 @@ class Model:
             return ("set", "nw_" + name[-3:], parse_ipv4(arg), _full(32))
         if name == "mod_nw_tos":
             return ("set", "nw_tos", int(arg, 0) & 0xFC, 0xFC)
+        if name == "mod_nw_ttl":
+            return ("set", "nw_ttl", int(arg, 0) & 0xFF, 0xFF)
+        if name == "mod_nw_ecn":
+            return ("set", "nw_tos", int(arg, 0) & 3, 3)
         if name in ("mod_tp_src", "mod_tp_dst"):
             return ("set", "tp_" + name[-3:], int(arg, 0), 0xFFFF)
         if name == "set_field":
@@ -736,8 +742,8 @@ def _be(b: bytes) -> int:
 
 
 def parse_packet(data: bytes, in_port: int) -> State:
-    """The flow key as README "Parsing" describes it; a header cut short leaves
-    its fields and everything after it zero."""
+    """The flow key as README "Parsing" describes it (Open vSwitch 3.1's rules): a
+    header that does not pass leaves its fields and everything after it zero."""
     key = {f: 0 for f in KEY_WIDTH}
     key["in_port"] = in_port
     st = State(bytearray(data), key)
@@ -749,41 +755,42 @@ def parse_packet(data: bytes, in_port: int) -> State:
     key["dl_src"] = _be(data[6:12])
     et = _be(data[12:14])
     off = 14
-    if et in VLAN_TPIDS:
-        if n < 18:
-            # READING: a tag cut short is not parsed; dl_type is the TPID, as in OVS
-            # (README: "exactly like OVS"), vlan_tci stays 0.
-            key["dl_type"] = et
-            return st
+    if et in VLAN_TPIDS and n >= 18:
+        # (a tag cut short is not parsed: dl_type is the TPID, as in OVS)
         key["vlan_tci"] = _be(data[14:16]) | VLAN_CFI
         et = _be(data[16:18])
         off = 18
         st.tags = 1
     if et < 0x600:
-        key["dl_type"] = DL_TYPE_NONE
-        return st
+        # an 802.3 length; LLC/SNAP with OUI 0 carries an Ethertype
+        if n - off >= 8 and data[off:off + 6] == b"\xaa\xaa\x03\x00\x00\x00":
+            et = _be(data[off + 6:off + 8])
+            off += 8
+            if et < 0x600:
+                et = DL_TYPE_NONE
+        else:
+            et = DL_TYPE_NONE
     key["dl_type"] = et
-    st.l3 = off
     if et == ETH_IP:
         _parse_ipv4(st, off)
     elif et == ETH_IPV6:
         _parse_ipv6(st, off)
-    elif et == ETH_ARP:
+    elif et in (ETH_ARP, ETH_RARP):
         _parse_arp(st, off)
     return st
 
 
 def _parse_ipv4(st: State, off: int) -> None:
+    """README "Parsing": 20 bytes, IHL >= 5 with its options present, a total length
+    that covers the header and fits in the frame; the version is not checked."""
     d, key, n = st.data, st.key, len(st.data)
     if n - off < 20:
         return
-    ihl = d[off] & 0x0F
-    # README "Parsing": version 4, IHL >= 5, options present, total length >= header
-    if d[off] >> 4 != 4 or ihl < 5 or n - off < ihl * 4 or _be(d[off + 2:off + 4]) < ihl * 4:
-        return
-    st.l3kind = "ipv4"
-    key["nw_tos"] = d[off + 1]
+    ihl = (d[off] & 0x0F) * 4
     tot = _be(d[off + 2:off + 4])
+    if ihl < 20 or n - off < ihl or tot > n - off or tot < ihl:
+        return
+    key["nw_tos"] = d[off + 1]
     frag = _be(d[off + 6:off + 8])
     key["nw_ttl"] = d[off + 8]
     proto = key["nw_proto"] = d[off + 9]
@@ -791,64 +798,67 @@ def _parse_ipv4(st: State, off: int) -> None:
     key["nw_dst"] = _be(d[off + 16:off + 20])
     if frag & 0x3FFF:  # MF or an offset
         key["nw_frag"] = FRAG_ANY | (FRAG_LATER if frag & 0x1FFF else 0)
+    if proto == 0:
+        return  # README: no L3 write happens to a packet whose nw_proto is 0
+    st.l3, st.l3kind = off, "ipv4"
     if key["nw_frag"] & FRAG_LATER:
         return
-    l4 = off + ihl * 4
-    _parse_l4(st, proto, l4, min(off + tot, n), ipv6=False)
+    _parse_l4(st, proto, off + ihl, off + tot)
 
 
 def _parse_ipv6(st: State, off: int) -> None:
+    """README "Parsing": 40 bytes and a payload length that fits; extension headers
+    need 8 bytes and their length; a cut one leaves only the addresses."""
     d, key, n = st.data, st.key, len(st.data)
-    if n - off < 40 or d[off] >> 4 != 6:
+    if n - off < 40:
         return
-    st.l3kind = "ipv6"
-    key["nw_tos"] = ((d[off] & 0x0F) << 4) | (d[off + 1] >> 4)
     plen = _be(d[off + 4:off + 6])
-    key["nw_ttl"] = d[off + 7]
+    if plen > n - off - 40:
+        return
     key["ipv6_src"] = _be(d[off + 8:off + 24])
     key["ipv6_dst"] = _be(d[off + 24:off + 40])
-    end = min(off + 40 + plen, n)
+    end = off + 40 + plen
     nh = d[off + 6]
     p = off + 40
     frag = 0
-    # READING: an extension header cut short leaves its own fields (and all after it)
-    # zero, so nw_proto is the last next-header value read -- the type of the cut
-    # header -- just as an IPv4 packet with a cut TCP header keeps nw_proto 6 with
-    # ports 0. (OVS would report nw_proto 0: it drops all L3 fields then.)
-    while True:
-        if nh in IPV6_EXT_GENERIC or nh == IPV6_AH:
-            if p + 2 > end:
-                break
-            hlen = (d[p + 1] + 1) * 8 if nh != IPV6_AH else (d[p + 1] + 2) * 4
-            if p + hlen > end:
-                break
-            nh = d[p]
-            p += hlen
-        elif nh == IPV6_FRAGMENT:
-            if p + 8 > end:
-                break
-            frag = FRAG_ANY
-            if _be(d[p + 2:p + 4]) & 0xFFF8:
-                frag |= FRAG_LATER
+    while nh in IPV6_EXT_GENERIC or nh in (IPV6_AH, IPV6_FRAGMENT):
+        if end - p < 8:
+            return
+        if nh == IPV6_FRAGMENT:
+            offlg = _be(d[p + 2:p + 4])
             nh = d[p]
             p += 8
-            if frag & FRAG_LATER:
-                break
-        else:
-            key["nw_proto"] = nh
-            key["nw_frag"] = frag
-            _parse_l4(st, nh, p, end, ipv6=True)
+            if offlg:
+                frag = FRAG_ANY
+                if offlg & 0xFFF8:
+                    frag |= FRAG_LATER
+                    nh = IPV6_FRAGMENT  # a later fragment reports the fragment header
+                    break
+            continue
+        hlen = (d[p + 1] + 1) * 8 if nh != IPV6_AH else (d[p + 1] + 2) * 4
+        if end - p < hlen:
             return
+        nh = d[p]
+        p += hlen
+    key["nw_tos"] = ((d[off] & 0x0F) << 4) | (d[off + 1] >> 4)
+    key["nw_ttl"] = d[off + 7]
     key["nw_proto"] = nh
     key["nw_frag"] = frag
+    st.l3, st.l3kind = off, "ipv6"
+    if not frag & FRAG_LATER:
+        _parse_l4(st, nh, p, end)
 
 
-def _parse_l4(st: State, proto: int, l4: int, end: int, ipv6: bool) -> None:
+def _parse_l4(st: State, proto: int, l4: int, end: int) -> None:
+    """The L4 region is [l4, end) (the datagram, not Ethernet padding); ICMP and
+    ICMPv6 are read whatever the IP version (as OVS), though only the matching
+    family's icmp fields exist in the key."""
     d, key = st.data, st.key
     size = end - l4
     st.l4, st.l4end = l4, end
+    v6 = key["dl_type"] == ETH_IPV6
     if proto == IPPROTO_TCP:
-        if size >= 20 and (d[l4 + 12] >> 4) >= 5:
+        if size >= 20 and 5 <= (d[l4 + 12] >> 4) and (d[l4 + 12] >> 4) * 4 <= size:
             key["tp_src"], key["tp_dst"] = _be(d[l4:l4 + 2]), _be(d[l4 + 2:l4 + 4])
             key["tcp_flags"] = _be(d[l4 + 12:l4 + 14]) & 0x0FFF
             st.l4kind = "tcp"
@@ -860,12 +870,12 @@ def _parse_l4(st: State, proto: int, l4: int, end: int, ipv6: bool) -> None:
         if size >= 12:
             key["tp_src"], key["tp_dst"] = _be(d[l4:l4 + 2]), _be(d[l4 + 2:l4 + 4])
             st.l4kind = "sctp"
-    elif proto == IPPROTO_ICMP and not ipv6:
+    elif proto == IPPROTO_ICMP and not v6:
         if size >= 4:
             key["icmp_type"], key["icmp_code"] = d[l4], d[l4 + 1]
             st.l4kind = "icmp"
-    elif proto == IPPROTO_ICMPV6 and ipv6:
-        if size >= 4:  # READING: like ICMP, 4 bytes (OVS wants 8)
+    elif proto == IPPROTO_ICMPV6 and v6:
+        if size >= 8:
             key["icmpv6_type"], key["icmpv6_code"] = d[l4], d[l4 + 1]
             st.l4kind = "icmpv6"
 
@@ -876,7 +886,7 @@ def _parse_arp(st: State, off: int) -> None:
         return
     if _be(d[off:off + 2]) != 1 or _be(d[off + 2:off + 4]) != ETH_IP or d[off + 4] != 6 or d[off + 5] != 4:
         return
-    st.l3kind = "arp"
+    st.l3, st.l3kind = off, "arp"
     op = _be(d[off + 6:off + 8])
     key["nw_proto"] = op if op <= 0xFF else 0
     key["arp_sha"] = _be(d[off + 8:off + 14])
@@ -946,14 +956,57 @@ def _rewrite(st: State, off: int, new: bytes, csums: List[Tuple[int, bool]]) -> 
         d[coff:coff + 2] = nc.to_bytes(2, "big")
 
 
-def _l4_csums(st: State, pseudo: bool) -> List[Tuple[int, bool]]:
-    """Checksums of the L4 header covering the pseudo-header (pseudo=True) or ports."""
+def _pseudo_csums(st: State, proto: int) -> List[Tuple[int, bool]]:
+    """README 10: the L4 checksum an address change updates (it covers the
+    pseudo-header): chosen by the protocol and the size of the L4 region, as OVS
+    does, whether or not the L4 header itself parsed; none in a later fragment."""
+    if st.l4 is None:
+        return []
+    size = st.l4end - st.l4
+    if proto == IPPROTO_TCP and size >= 20:
+        return [(st.l4 + 16, False)]
+    if proto == IPPROTO_UDP and size >= 8:
+        return [(st.l4 + 6, True)]
+    if proto == IPPROTO_ICMPV6 and size >= 4 and st.key["dl_type"] == ETH_IPV6:
+        return [(st.l4 + 2, False)]
+    return []
+
+
+def _ipv6_csum_proto(st: State) -> int:
+    """README 10: which protocol's checksum an IPv6 address change updates, read
+    from the extension headers on the wire: none (0) behind a routing header with
+    segments left (the checksum covers the final destination), in a fragment other
+    than a first one (offset 0 with M set), or when the headers do not fit."""
+    if st.l4 is None:
+        return 0
+    d = st.data
+    p, stop, nh, recalc = st.l3 + 40, st.l4, d[st.l3 + 6], True
+    while nh in IPV6_EXT_GENERIC or nh in (IPV6_AH, IPV6_FRAGMENT):
+        if stop - p < 8:
+            return 0
+        if nh == IPV6_AH:
+            hlen = (d[p + 1] + 2) * 4
+        elif nh == IPV6_FRAGMENT:
+            offlg = _be(d[p + 2:p + 4])
+            recalc = not offlg & 0xFFF8 and bool(offlg & 1)
+            hlen = 8
+        else:
+            if nh == 43 and d[p + 3] > 0:
+                return 0
+            hlen = (d[p + 1] + 1) * 8
+        nh = d[p]
+        if stop - p < hlen:
+            return 0
+        p += hlen
+    return nh if recalc else 0
+
+
+def _port_csums(st: State) -> List[Tuple[int, bool]]:
+    """The checksum a port change updates (the L4 header parsed whole)."""
     if st.l4kind == "tcp":
         return [(st.l4 + 16, False)]
     if st.l4kind == "udp":
         return [(st.l4 + 6, True)]
-    if st.l4kind == "icmpv6" and pseudo:
-        return [(st.l4 + 2, False)]
     return []
 
 
@@ -995,7 +1048,8 @@ def set_field(st: State, f: str, v: int, m: int) -> None:
         new = upd(f)
         if st.l3kind == "ipv4":
             off = st.l3 + (12 if f == "nw_src" else 16)
-            _rewrite(st, off, new.to_bytes(4, "big"), [(st.l3 + 10, False)] + _l4_csums(st, True))
+            csums = [(st.l3 + 10, False)] + _pseudo_csums(st, d[st.l3 + 9])
+            _rewrite(st, off, new.to_bytes(4, "big"), csums)
         return
     if f in ("ipv6_src", "ipv6_dst"):
         if dt != ETH_IPV6:
@@ -1003,7 +1057,7 @@ def set_field(st: State, f: str, v: int, m: int) -> None:
         new = upd(f)
         if st.l3kind == "ipv6":
             off = st.l3 + (8 if f == "ipv6_src" else 24)
-            _rewrite(st, off, new.to_bytes(16, "big"), _l4_csums(st, True))
+            _rewrite(st, off, new.to_bytes(16, "big"), _pseudo_csums(st, _ipv6_csum_proto(st)))
         return
     if f in ("tp_src", "tp_dst"):
         if dt not in (ETH_IP, ETH_IPV6) or key["nw_proto"] not in (IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP) \
@@ -1014,22 +1068,28 @@ def set_field(st: State, f: str, v: int, m: int) -> None:
             return
         off = st.l4 + (0 if f == "tp_src" else 2)
         if st.l4kind == "sctp":
+            # README 10: SCTP's CRC32c (over the SCTP packet: the datagram's L4 bytes,
+            # not Ethernet padding) changes by the difference between the correct CRCs
+            # before and after, so a wrong one stays wrong (as OVS).
+            def crc() -> int:
+                return crc32c(bytes(d[st.l4:st.l4 + 8]) + b"\0\0\0\0" + bytes(d[st.l4 + 12:st.l4end]))
+            stored = struct.unpack("<I", d[st.l4 + 8:st.l4 + 12])[0]
+            before = crc()
             d[off:off + 2] = new.to_bytes(2, "big")
-            # README 9: SCTP's CRC32c is recomputed, over the SCTP packet (the L4 bytes
-            # of the IP datagram that were captured; not Ethernet padding).
-            body = bytes(d[st.l4:st.l4 + 8]) + b"\0\0\0\0" + bytes(d[st.l4 + 12:st.l4end])
-            d[st.l4 + 8:st.l4 + 12] = struct.pack("<I", crc32c(body))
+            d[st.l4 + 8:st.l4 + 12] = struct.pack("<I", stored ^ before ^ crc())
         else:
-            _rewrite(st, off, new.to_bytes(2, "big"), _l4_csums(st, False))
+            _rewrite(st, off, new.to_bytes(2, "big"), _port_csums(st))
         return
-    if f in ("arp_spa", "arp_tpa", "arp_sha", "arp_tha"):
-        if dt != ETH_ARP:
+    if f in ("arp_spa", "arp_tpa", "arp_sha", "arp_tha", "arp_op"):
+        if dt not in (ETH_ARP, ETH_RARP):
             return
-        kf = {"arp_spa": "nw_src", "arp_tpa": "nw_dst"}.get(f, f)
+        kf = {"arp_spa": "nw_src", "arp_tpa": "nw_dst", "arp_op": "nw_proto"}.get(f, f)
         new = upd(kf)
-        if st.l3kind == "arp":
+        # READING (README "Parsing", as OVS): an ARP header is written only while the
+        # opcode the key holds is not 0; the opcode field is its low byte.
+        if st.l3kind == "arp" and key["nw_proto"]:
             width = FIELD_WIDTH[f] // 8
-            off = st.l3 + {"arp_sha": 8, "arp_spa": 14, "arp_tha": 18, "arp_tpa": 24}[f]
+            off = st.l3 + {"arp_sha": 8, "arp_spa": 14, "arp_tha": 18, "arp_tpa": 24, "arp_op": 7}[f]
             d[off:off + width] = new.to_bytes(width, "big")
         return
     if f in ("nw_ttl", "nw_tos"):
@@ -1054,7 +1114,26 @@ def read_field(st: State, f: str) -> int:
         return st.key["nw_src"]
     if f == "arp_tpa":
         return st.key["nw_dst"]
+    if f == "arp_op":
+        return st.key["nw_proto"]
     return st.key[f]
+
+
+def move_prereqs_ok(st: State, f: str) -> bool:
+    """ovs-actions(7) "move": both fields' prerequisites must hold for the packet, or
+    the move does nothing (ports: TCP, UDP or SCTP, not a later fragment)."""
+    key = st.key
+    dt = key["dl_type"]
+    if f in ("tp_src", "tp_dst"):
+        return dt in (ETH_IP, ETH_IPV6) and key["nw_proto"] in (IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP) \
+            and not key["nw_frag"] & FRAG_LATER
+    if f in ("nw_src", "nw_dst"):
+        return dt in (ETH_IP, ETH_ARP, ETH_RARP)
+    if f in ("ipv6_src", "ipv6_dst"):
+        return dt == ETH_IPV6
+    if f in ("arp_spa", "arp_tpa", "arp_sha", "arp_tha", "arp_op"):
+        return dt in (ETH_ARP, ETH_RARP)
+    return True
 
 
 def push_vlan(st: State, tpid: int, tci: int) -> None:
@@ -1228,19 +1307,41 @@ class Ctx:
         except Stop:
             pass
 
-    def lookup(self, st: State, table: int) -> None:
+    def check_limits(self) -> None:
+        """README 2 (as OVS): before every resubmit, goto_table and group, at most 64
+        levels of nesting and 4096 rules reached by resubmit or goto_table."""
+        if self.depth >= MAX_RESUBMIT_DEPTH or self.resubmits >= MAX_RESUBMITS:
+            self.log.append("  resubmit limit" + (" (inside a group bucket)" if self.in_bucket else ""))
+            self.limit_in_bucket = self.in_bucket > 0
+            raise ResubmitLimit()
+
+    def lookup(self, st: State, table: int, in_port: Optional[int] = None, counted: bool = False) -> None:
+        """README 1 and 2: the best rule of ``table`` for the key, with ``in_port``
+        (a resubmit's) in place of the packet's for the lookup only; for an IP
+        fragment the L4 ports (ICMP type and code) read as 0 (frag mode normal)."""
         m = self.model
         ts = m.table_stats.setdefault(table, [0, 0])
         ts[0] += 1
+        key = st.key
+        frag = key["nw_frag"] & FRAG_ANY and m.frags == "normal"
+        if in_port is not None or frag:
+            key = dict(key)
+            if in_port is not None:
+                key["in_port"] = in_port
+            if frag:
+                for f in ("tp_src", "tp_dst", "icmp_type", "icmp_code", "icmpv6_type", "icmpv6_code"):
+                    key[f] = 0
         best: Optional[Rule] = None
         for r in m.tables.get(table, []):
-            if r.matches(st.key) and (best is None or r.priority > best.priority
-                                      or (r.priority == best.priority and r.seq < best.seq)):
+            if r.matches(key) and (best is None or r.priority > best.priority
+                                   or (r.priority == best.priority and r.seq < best.seq)):
                 best = r
         if best is None:
             self.log.append(f"table {table}: miss")
             self.reason = "table_miss"
             return
+        if counted:
+            self.resubmits += 1
         ts[1] += 1
         best.n_packets += 1
         best.n_bytes += self.rx_len  # README: the packet's size when its lookup began (as OVS)
@@ -1281,27 +1382,26 @@ class Ctx:
                 self.log.append(f"  drop({a[1]})")
                 raise Stop()
             elif op == "dec_ttl":
-                # READING: an IPv4/IPv6 packet is one whose dl_type says so (as in OVS); a
-                # header cut short reads TTL 0 (README "Parsing") and so is dropped.
+                # README 3: an IPv4/IPv6 packet is one whose dl_type says so (as in OVS); a
+                # malformed header reads TTL 0. TTL 0/1 ends this action list only.
                 if st.key["dl_type"] in (ETH_IP, ETH_IPV6):
                     ttl = st.key["nw_ttl"]
                     if ttl <= 1:
                         self.reason = "ttl_exceeded"
-                        self.log.append("  dec_ttl: ttl exceeded")
-                        raise Stop()
+                        self.log.append("  dec_ttl: ttl exceeded, the action list ends")
+                        return
                     set_field(st, "nw_ttl", ttl - 1, 0xFF)
             elif op == "set":
                 set_field(st, a[1], a[2], a[3])
             elif op == "move":
                 _, sf, so, df, do, n = a
-                v = (read_field(st, sf) >> so) & _full(n)
-                set_field(st, df, v << do, _full(n) << do)
+                if move_prereqs_ok(st, sf) and move_prereqs_ok(st, df):
+                    v = (read_field(st, sf) >> so) & _full(n)
+                    set_field(st, df, v << do, _full(n) << do)
             elif op == "push_vlan":
                 if st.eth:
-                    # READING: the new outer tag copies the TCI of the current outer tag (OpenFlow
-                    # 1.1+ "push VLAN": VID and PCP from the existing outer tag, else 0).
-                    tci = st.key["vlan_tci"] if st.tags else 0
-                    push_vlan(st, a[1], tci & ~VLAN_CFI)
+                    # README 5: the new outer tag has VID 0 and PCP 0, tagged or not (as OVS)
+                    push_vlan(st, a[1], 0)
             elif op == "pop_vlan":
                 pop_vlan(st)
             elif op == "mod_vlan_vid":
@@ -1317,24 +1417,22 @@ class Ctx:
             elif op == "note":
                 pass
             elif op == "goto":
-                self.lookup(st, a[1])
+                self.check_limits()
+                self.lookup(st, a[1], counted=True)
             elif op == "resubmit":
+                # README 2: the port is the lookup's input port only; a resubmit to the
+                # same or an earlier table nests one level deeper
                 port, t = a[1], a[2]
-                self.resubmits += 1
-                self.depth += 1
-                if self.depth > MAX_RESUBMIT_DEPTH or self.resubmits > MAX_RESUBMITS:
-                    self.log.append("  resubmit limit" + (" (inside a group bucket)" if self.in_bucket else ""))
-                    self.limit_in_bucket = self.in_bucket > 0
-                    raise ResubmitLimit()
-                saved = st.key["in_port"]
-                if port is not None:
-                    st.key["in_port"] = port
+                self.check_limits()
+                tbl = table if t is None else t
+                deepens = 1 if tbl <= table else 0
+                self.depth += deepens
                 try:
-                    self.lookup(st, table if t is None else t)
+                    self.lookup(st, tbl, in_port=port, counted=True)
                 finally:
-                    st.key["in_port"] = saved
-                    self.depth -= 1
+                    self.depth -= deepens
             elif op == "group":
+                self.check_limits()
                 self.group(st, a[1], table)
             else:
                 raise ValueError(f"model cannot run {a}")

@@ -176,7 +176,9 @@ def match_items(draw, cls: str) -> List[str]:
         if opt(0.15):
             items.append(f"nw_ttl={draw(st.sampled_from(TTLS))}")
         if opt(0.2):
-            items.append("nw_frag=" + draw(st.sampled_from(["no", "yes", "first", "later", "not_later"])))
+            # (a later fragment has no ports: L4 fields and writes need it not to be one)
+            frags = ["no", "yes", "first", "not_later"] + ([] if cls in L4 else ["later"])
+            items.append("nw_frag=" + draw(st.sampled_from(frags)))
     if cls in L4:
         pfx = draw(st.sampled_from(["tp", cls.rstrip("6")]))
         for f in ("src", "dst"):
@@ -754,9 +756,10 @@ def _udp(ttl=64) -> bytes:
 
 @pytest.mark.parametrize("levels", [63, 64, 65])
 def test_resubmit_depth_limit(levels):
-    """README 2: at most 64 nested resubmits; beyond, resubmit_limit and no output."""
-    flows = [f"table={t},actions=output:p2,resubmit(,{t + 1})" for t in range(levels)]
-    flows.append(f"table={levels},actions=output:p3")
+    """README 2: at most 64 nested resubmits (to the same or an earlier table); beyond,
+    resubmit_limit and no output."""
+    flows = [f"table=0,reg0={n},actions=output:p2,load:{n + 1}->NXM_NX_REG0[],resubmit(,0)" for n in range(levels)]
+    flows.append(f"table=0,reg0={levels},actions=output:p3")
     groups: List[str] = []
     dp, model = build(groups, flows)
     pkts = [("p1", _udp())]
@@ -792,8 +795,9 @@ def test_resubmit_total_limit():
     run_and_compare(dp, model, pkts, _describe([], flows2, pkts))
 
 
-def test_goto_table_is_not_a_resubmit():
-    """README 2 counts resubmits: goto_table adds neither depth nor to the 4096 total."""
+def test_goto_table_adds_no_depth_but_counts():
+    """README 2 (as OVS): goto_table and resubmits to later tables add no depth; the rules
+    goto_table reaches count toward the 4096 total."""
     deep = [f"table={t},actions=resubmit(,{t + 1})" for t in range(64)]
     deep += ["table=64,actions=goto_table:65", "table=65,actions=output:p3"]
     wide = ["table=0,actions=" + ",".join(["resubmit(,1)"] * 15),
@@ -952,9 +956,9 @@ def test_replacing_a_flow_keeps_its_counters_and_place():
 
 
 @pytest.mark.parametrize("first_byte", [0x05, 0x65, 0x45])
-def test_ip_version_is_checked(first_byte):
-    """README "Parsing": an IPv4 header must say version 4 (else dl_type stays 0x0800
-    with no IPv4 fields, and the packet is counted rx_malformed)."""
+def test_ip_version_is_not_checked(first_byte):
+    """README "Parsing" (as OVS): an IPv4 header's version nibble is not checked; an IHL
+    below 5 leaves dl_type 0x0800 with no IPv4 fields (counted rx_malformed)."""
     data = bytearray(_udp())
     data[14] = first_byte
     flows = ["udp,actions=output:p2", "priority=0,actions=output:p3"]
@@ -1862,16 +1866,17 @@ def test_ct_force_recommits_in_the_other_direction():
 
 def test_ct_exec_mark_label_and_recirculation():
     """docs "exec", "table=T": the copy sees the mark and label just set (masked writes),
-    its frozen registers, metadata and in_port (as a resubmit set it); the original goes on
-    untracked (ct_state=-trk), outputs first; copies after the pass, in order."""
+    its frozen registers, metadata and in_port (its own: resubmit(p3,1) changes in_port for
+    that lookup only); the original goes on untracked (ct_state=-trk), outputs first;
+    copies after the pass, in order."""
     flows = [
         "table=0,priority=10,udp,actions=load:0x5->NXM_NX_REG3[],write_metadata:0x77,resubmit(p3,1),"
         "load:0x6->NXM_NX_REG3[],ct(table=3),output:p1",
         "table=1,udp,actions=ct(commit,table=2,exec(set_field:0xab/0xff->ct_mark,load:0x3->NXM_NX_CT_MARK[12..15],"
         "set_field:0x12/0xff->ct_label,set_field:0x1000000000000000000000000000000/0xf000000000000000000000000000000"
         "->ct_label)),resubmit(,4)",
-        "table=2,in_port=p3,reg3=5,metadata=0x77,ct_mark=0x30ab,ct_state=+trk+new,"
-        "ct_label=0x1000000000000000000000000000012,actions=output:p2",
+        "table=2,in_port=p2,reg3=5,metadata=0x77,ct_mark=0x30ab,ct_state=+trk+new,"
+        "ct_label=0x1000000000000000000000000000012,actions=in_port",
         "table=2,priority=0,actions=drop(policy)",
         "table=3,in_port=p2,reg3=6,ct_state=+trk+new,ct_mark=0x30ab,actions=output:p3",
         "table=4,ct_state=-trk,actions=output:p4",

@@ -104,7 +104,6 @@ ERRORS = [
     ("actions=move:reg0[0..7]->reg1[0..3]", BadValueError, None, 8),
     ("priority=70000,actions=drop", BadValueError, "priority=70000", 0),
     ("in_port=vm1,idle_timeout=10,actions=drop", FlowParseError, "idle_timeout=10", 12),
-    ("ip,nw_dst=10.0.0.1/255.255.0.0,actions=drop", BadValueError, None, None),
     ("actions=resubmit(,300)", UnknownTableError, "300", 18),
     ("recirc_id=1,actions=drop", UnknownFieldError, "recirc_id", 0),
     ("actions=output(", FlowParseError, None, None),

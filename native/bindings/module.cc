@@ -371,7 +371,13 @@ void bind_conntrack(DataplaneClass& c) {
            py::arg("zone") = -1)
       .def("ct_stats", &ct_stats)
       .def("ct_config", &ct_config_get)
-      .def("set_ct_config", &ct_config_set, py::arg("timeouts"), py::arg("max_connections"));
+      .def("set_ct_config", &ct_config_set, py::arg("timeouts"), py::arg("max_connections"))
+      .def("set_frag_nx_match",
+           [](Dataplane& dp, bool on) {
+             py::gil_scoped_release nogil;
+             dp.set_frag_nx_match(on);
+           })
+      .def("frag_nx_match", &Dataplane::frag_nx_match);
 }
 
 // ---- module-level helpers: clock calibration, self-tests, drop reasons -------------------

@@ -468,6 +468,19 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
   return Status::Ok();
 }
 
+void Dataplane::set_frag_nx_match(bool on) {
+  std::lock_guard<std::mutex> commit_guard(commit_mu_);
+  std::vector<std::unique_lock<std::mutex>> held;
+  for (auto& w : workers_) {
+    held.emplace_back(w->mu);
+    w->push_stats();
+  }
+  std::unique_lock<std::shared_mutex> wl(lock_);
+  frag_nx_match_.store(on, std::memory_order_relaxed);
+  recirc_.clear();
+  version_.fetch_add(1, std::memory_order_acq_rel);  // every cache is flushed before the next batch
+}
+
 void Dataplane::sync_stats() {
   for (auto& w : workers_) {
     std::lock_guard<std::mutex> g(w->mu);
@@ -581,6 +594,7 @@ void Dataplane::upcall(const Flow& key, XlateOut* out, std::vector<TraceEvent>* 
   env.terms = &terms_;
   env.tenants = &tenant_index_;
   env.recirc = &recirc_;
+  env.frag_nx_match = frag_nx_match_.load(std::memory_order_relaxed);
   xlate(env, key, out, trace);
 }
 

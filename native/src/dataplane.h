@@ -165,6 +165,12 @@ class Dataplane {
   Conntrack& conntrack() { return ct_; }
   RecircTable& recirc() { return recirc_; }
 
+  // ovs-ofctl set-frags: "normal" (the default, as OVS: an IP fragment's L4
+  // ports read as 0 in table lookups) or "nx-match" (a first fragment's ports
+  // are matched). A change flushes every cache, as a commit does.
+  void set_frag_nx_match(bool on);
+  bool frag_nx_match() const { return frag_nx_match_.load(std::memory_order_relaxed); }
+
   // Time (injectable, as OVS's time/warp): monotonic ns plus a test offset.
   int64_t now_ns() const;
   void warp(int64_t ns) { warp_ns_ += ns; }
@@ -197,6 +203,7 @@ class Dataplane {
   mutable std::shared_mutex lock_;
   std::mutex commit_mu_;
   std::atomic<uint64_t> version_{1};
+  std::atomic<bool> frag_nx_match_{false};
   PortTable ports_;
   std::vector<TunnelTerm> terms_;  // tunnel ports as the datapath terminates them
   Classifier tables_[kNumTables];

@@ -4,7 +4,10 @@
 //        hashes and ICMP replies), and the DpAction list (dp_actions.h).
 // Sets:  header bytes (masked writes with RFC 1624 incremental checksum updates
 //        of IPv4 header, TCP, UDP and ICMPv6 checksums; SCTP's CRC32c is
-//        recomputed), VLAN tags, and the per-arrival output/drop bookkeeping.
+//        patched), VLAN tags, and the per-arrival output/drop bookkeeping.
+//        Which checksums a write touches, and when a header is too short to
+//        be written, follow Open vSwitch 3.1's datapath (lib/odp-execute.c,
+//        lib/packets.c); parse.h sets the offsets accordingly.
 // Next:  per-port tx queues (Worker::emit), the recirculation list (TNL_POP),
 //        or the conntrack stage (CT, ct_stage.cc).
 //
@@ -27,16 +30,71 @@ uint32_t crc32c(const uint8_t* p, size_t n);  // execute.cc
 
 namespace exec {
 
-// The L4 checksum affected by an address change, or nullptr.
-inline uint8_t* l4_csum(Packet* p, uint8_t proto, bool v6, bool* is_udp) {
-  if (p->l4_ofs == kNoOffset) return nullptr;
+// End of the IP datagram whose header is at l3_ofs (the Ethertype in front of
+// the header says which IP); what follows is Ethernet padding. Parsing
+// guaranteed that it lies within the frame.
+inline uint32_t ip_end(const Packet* p) {
+  const uint8_t* ip = p->data() + p->l3_ofs;
+  const uint32_t end = load16(ip - 2) == be16(kEthIpv6) ? p->l3_ofs + 40u + be16(load16(ip + 4))
+                                                         : p->l3_ofs + static_cast<uint32_t>(be16(load16(ip + 2)));
+  return std::min<uint32_t>(end, p->len);
+}
+
+// Bytes of the L4 header region (to the end of the datagram), 0 if none.
+inline uint32_t l4_size(const Packet* p) {
+  if (p->l4_ofs == kNoOffset || p->l3_ofs == kNoOffset) return 0;
+  const uint32_t end = ip_end(p);
+  return end > p->l4_ofs ? end - p->l4_ofs : 0;
+}
+
+// The TCP/UDP/ICMPv6 checksum that covers the pseudo-header, or nullptr: as
+// OVS's packet_set_ipv4_addr / packet_update_csum128, by the protocol and the
+// length of the L4 region, whether or not the L4 header parsed (a TCP header
+// with a bad data offset still has its checksum updated).
+inline uint8_t* pseudo_csum(Packet* p, uint8_t proto, bool* is_udp) {
+  const uint32_t n = l4_size(p);
   uint8_t* l4 = p->data() + p->l4_ofs;
-  uint32_t len = p->len - p->l4_ofs;
-  *is_udp = proto == kIpUdp;
-  if (proto == kIpTcp && len >= 20) return l4 + 16;
-  if (proto == kIpUdp && len >= 8) return l4 + 6;
-  if (proto == kIpIcmpv6 && v6 && len >= 4) return l4 + 2;
+  *is_udp = false;
+  if (proto == kIpTcp && n >= 20) return l4 + 16;
+  if (proto == kIpUdp && n >= 8) {
+    *is_udp = true;
+    return l4 + 6;
+  }
+  if (proto == kIpIcmpv6 && n >= 4) return l4 + 2;
   return nullptr;
+}
+
+// IPv6: the protocol whose checksum an address change updates, found as OVS's
+// packet_rh_present walks the extension headers (from the packet, not the
+// flow); 0 when nothing is updated: a routing header with segments left (the
+// checksum covers the final destination), a fragment other than a first one
+// (offset 0, M set), or headers that do not fit.
+inline uint8_t ipv6_csum_proto(const Packet* p) {
+  if (p->l4_ofs == kNoOffset) return 0;
+  const uint8_t* d = p->data();
+  uint32_t pos = p->l3_ofs + 40u;
+  const uint32_t stop = p->l4_ofs;
+  uint8_t nh = d[p->l3_ofs + 6];
+  bool recalc = true;
+  while (nh == 0 || nh == 43 || nh == 60 || nh == 51 || nh == 44) {
+    if (pos + 8 > stop) return 0;
+    const uint8_t* e = d + pos;
+    uint32_t len;
+    if (nh == 51) {
+      len = (e[1] + 2u) * 4;
+    } else if (nh == 44) {
+      const uint16_t offlg = be16(load16(e + 2));
+      recalc = !(offlg & 0xfff8) && (offlg & 1);
+      len = 8;
+    } else {
+      if (nh == 43 && e[3] > 0) return 0;
+      len = (e[1] + 1u) * 8;
+    }
+    nh = e[0];
+    if (pos + len > stop) return 0;
+    pos += len;
+  }
+  return recalc ? nh : 0;
 }
 
 // Masked write of a whole window when no checksum depends on it (Ethernet,
@@ -93,7 +151,9 @@ inline void set_ipv4(Packet* p, const DpAction& a) {
   uint8_t* ip = p->data() + p->l3_ofs;
   uint8_t* l4c = nullptr;
   bool udp = false;
-  if (a.addr_words && (be16(load16(ip + 6)) & 0x1fff) == 0) l4c = l4_csum(p, ip[9], false, &udp);
+  // (l4_ofs is unset for a later fragment: its payload is left alone, where
+  // OVS 3.1 would patch the bytes at a checksum's offset; README.)
+  if (a.addr_words && p->l4_ofs != kNoOffset) l4c = pseudo_csum(p, ip[9], &udp);
   apply_window(ip + a.ofs, a, ip + 10, l4c, udp);
 }
 
@@ -102,32 +162,44 @@ inline void set_ipv6(Packet* p, const DpAction& a) {
   uint8_t* ip = p->data() + p->l3_ofs;
   uint8_t* l4c = nullptr;
   bool udp = false;
-  if (a.addr_words) l4c = l4_csum(p, a.proto, true, &udp);
+  if (a.addr_words) {
+    const uint8_t proto = ipv6_csum_proto(p);
+    if (proto) l4c = pseudo_csum(p, proto, &udp);
+  }
   apply_window(ip + a.ofs, a, nullptr, l4c, udp);
 }
 
+// Ports, as OVS's odp_set_tcp/udp/sctp: TCP needs a whole header (data offset
+// >= 5 and within the datagram), UDP 8 bytes, SCTP 12.
 inline void set_l4(Packet* p, const DpAction& a) {
-  if (p->l4_ofs == kNoOffset) return;
+  const uint32_t len = l4_size(p);
+  if (!len) return;
   uint8_t* l4 = p->data() + p->l4_ofs;
-  uint32_t len = p->len - p->l4_ofs;
   if (a.proto == kIpSctp) {
-    // The CRC covers the SCTP packet: the IP payload, not Ethernet padding.
-    if (p->l3_ofs != kNoOffset) {
-      const uint8_t* ip = p->data() + p->l3_ofs;
-      uint32_t end = (ip[0] >> 4) == 4 ? p->l3_ofs + static_cast<uint32_t>(be16(load16(ip + 2)))
-                                       : p->l3_ofs + 40u + be16(load16(ip + 4));
-      if (end > p->l4_ofs && end < p->len) len = end - p->l4_ofs;
-    }
     if (len < 12) return;
-    apply_window(l4 + a.ofs, a, nullptr, nullptr, false);
+    // As OVS: the CRC32c (stored little-endian) is patched by the difference
+    // between the correct CRCs before and after, so a wrong one stays wrong.
+    uint32_t stored, before, after;
+    std::memcpy(&stored, l4 + 8, 4);
     std::memset(l4 + 8, 0, 4);
-    uint32_t c = crc32c(l4, len);
-    std::memcpy(l4 + 8, &c, 4);  // CRC32c is stored little-endian on the wire
+    before = crc32c(l4, len);
+    apply_window(l4 + a.ofs, a, nullptr, nullptr, false);
+    after = crc32c(l4, len);
+    stored ^= before ^ after;
+    std::memcpy(l4 + 8, &stored, 4);
     return;
   }
-  uint8_t* csum = a.proto == kIpTcp ? (len >= 20 ? l4 + 16 : nullptr) : (len >= 8 ? l4 + 6 : nullptr);
-  if (a.proto == kIpUdp && csum && load16(csum) == 0) csum = nullptr;  // no checksum (IPv4)
-  uint16_t before = csum ? load16(csum) : 0;
+  uint8_t* csum;
+  if (a.proto == kIpTcp) {
+    const uint32_t doff = (l4[12] >> 4) * 4u;
+    if (len < 20 || doff < 20 || doff > len) return;
+    csum = l4 + 16;
+  } else {
+    if (len < 8) return;
+    csum = l4 + 6;
+    if (load16(csum) == 0) csum = nullptr;  // no UDP checksum (IPv4): stays 0
+  }
+  const uint16_t before = csum ? load16(csum) : 0;
   apply_window(l4 + a.ofs, a, csum, nullptr, false);
   if (a.proto == kIpUdp && csum && before != 0 && load16(csum) == 0) store16(csum, 0xffff);
 }

@@ -582,12 +582,29 @@ const ActionRow kActions[] = {
 
 const ActionRow& row_of(OfAct t) { return kActions[static_cast<int>(t)]; }
 
+// ovs-ofctl's mod_nw_ttl:N and mod_nw_ecn:N, read as the set_field they are
+// (skipped at translation time for packets that are not IP, as mod_nw_tos).
+Status parse_mod_nw_alias(const Item& it, FieldId id, OfAction* a) {
+  Status s = need_value(it);
+  if (!s.ok()) return s;
+  a->type = OfAct::SET_FIELD;
+  a->field = id;
+  const FieldDef& f = field_def(id);
+  u128 m;
+  s = parse_field_value(f, it.value, nullptr, &a->value, &m, false);
+  if (!s.ok()) return at_value(s, it);
+  a->mask = field_all_ones(f);
+  return Status::Ok();
+}
+
 Status parse_one_action(const Item& it, const ActCtx& c, OfAction* a) {
   for (const ActionRow& r : kActions) {
     if (it.key != r.keyword) continue;
     a->type = r.type;
     return r.parse(it, c, a);
   }
+  if (it.key == "mod_nw_ttl") return parse_mod_nw_alias(it, FieldId::NW_TTL, a);
+  if (it.key == "mod_nw_ecn") return parse_mod_nw_alias(it, FieldId::NW_ECN, a);
   for (const char* u : kUnsupportedActions) {
     if (it.key == u)
       return err_at(Err::PARSE, "action '" + std::string(it.key) + "' is not supported by dpu", it.whole, it.pos);
@@ -602,8 +619,19 @@ Status parse_one_action(const Item& it, const ActCtx& c, OfAction* a) {
 }
 
 // Write actions with prerequisites need the match to guarantee them (as OVS's
-// ofpacts_check for set_field/load/move); the OF1.0-style mod_* actions are
-// instead skipped at translation time for packets that lack the header.
+// ofpacts_check for set_field/load/move), as the actions before them left it:
+// after push_vlan (or mod_vlan_*) there is a tag, after pop_vlan none is
+// known. The OF1.0-style mod_* actions are instead skipped at translation time
+// for packets that lack the header.
+void track_match(const OfAction& a, Match* m) {
+  if (a.type == OfAct::PUSH_VLAN || a.type == OfAct::MOD_VLAN_VID || a.type == OfAct::MOD_VLAN_PCP) {
+    m->value.vlan_tci |= be16(kVlanPresent);
+    m->mask.vlan_tci |= be16(kVlanPresent);
+  } else if (a.type == OfAct::POP_VLAN || a.type == OfAct::STRIP_VLAN) {
+    m->value.vlan_tci = 0;
+  }
+}
+
 Status check_action_prereqs(const OfAction& a, const Item& it, const Match* m) {
   if (!m) return Status::Ok();
   if (a.type != OfAct::SET_FIELD && a.type != OfAct::LOAD && a.type != OfAct::MOVE) return Status::Ok();
@@ -626,12 +654,15 @@ Status parse_action_list_ctx(std::string_view text, int base, const ActCtx& ctx,
   Status s = split_items(text, base, &items);
   if (!s.ok()) return s;
   bool saw_goto = false, saw_drop = false;
+  Match cur;
+  if (match) cur = *match;
   for (const Item& it : items) {
     OfAction a;
     s = parse_one_action(it, ctx, &a);
     if (!s.ok()) return s;
-    s = check_action_prereqs(a, it, match);
+    if (it.key != "mod_nw_ttl" && it.key != "mod_nw_ecn") s = check_action_prereqs(a, it, match ? &cur : nullptr);
     if (!s.ok()) return s;
+    if (match) track_match(a, &cur);
     if (saw_goto) return err_at(Err::PARSE, "goto_table must be the last action", it.whole, it.pos);
     if (a.type == OfAct::GOTO_TABLE) saw_goto = true;
     if (saw_drop) return err_at(Err::PARSE, "drop(reason) must be the last action", it.whole, it.pos);

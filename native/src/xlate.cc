@@ -31,6 +31,7 @@ bool bytes_nonzero(const void* p, size_t n) {
 }
 
 namespace {
+bool arp_written(const Flow& p) { return p.nw_proto || p.nw_src || p.nw_dst || bytes_nonzero(p.arp_sha, 12); }
 bool any_bits(const Flow& m, size_t from_word, size_t to_word) {
   const word_t* w = words(m);
   for (size_t i = from_word; i < to_word; i++)
@@ -51,7 +52,7 @@ void XlateCtx::run(const Flow& key) {
   if (flow_.recirc_id) {
     resume();
   } else if (!try_tunnel_pop()) {
-    do_table(0);
+    do_table(0, flow_.in_port, false);
   }
   finish();
 }
@@ -69,13 +70,15 @@ void XlateCtx::resume() {
   flow_.in_port = fs.in_port;  // as the pipeline saw it at the ct action (as OVS freezes it)
   event(TraceEvent::NOTE, "resume after conntrack in table " + std::to_string(fs.table) + " (recirc_id=" +
                               std::to_string(flow_.recirc_id) + ")");
-  do_table(fs.table);
+  do_table(fs.table, flow_.in_port, false);
 }
 
-// One unit of work against the limits of 64 nested and 4096 total resubmits
-// and groups (as OVS): past them the packet is dropped, whatever it did.
+// Checked before every resubmit, goto_table and group, as OVS's
+// xlate_resubmit_resource_check: depth_ counts resubmits to the same or an
+// earlier table and group buckets, resubmits_ the rules that resubmit and
+// goto_table found; past 64 or 4096 the packet is dropped, whatever it did.
 bool XlateCtx::limit_reached(const char* what) {
-  if (depth_ < kMaxDepth && ++resubmits_ <= kMaxResubmits) return false;
+  if (depth_ < kMaxDepth && resubmits_ < kMaxResubmits) return false;
   event(TraceEvent::NOTE, std::string(what) + " limit reached: packet dropped");
   error_ = true;
   reason_ = DROP_RESUBMIT_LIMIT;
@@ -142,17 +145,39 @@ void XlateCtx::event(TraceEvent::Kind k, std::string text, int table, const Rule
 
 
 // ---- tables --------------------------------------------------------------------
+// One table lookup, as OVS's rule_dpif_lookup_from_table: with `in_port` as
+// the input port, and for an IP fragment (frag mode "normal", the default;
+// not "nx-match") with tp_src and tp_dst (ICMP type and code) read as 0. The megaflow then holds nw_frag
+// instead of the ports; for other packets nw_frag joins it when the ports do.
+const RulePtr* XlateCtx::lookup(uint8_t t, uint32_t in_port, Flow* m) {
+  const bool frag = (flow_.nw_frag & kFragAny) && !env_.frag_nx_match;
+  const RulePtr* r;
+  if (!frag && in_port == flow_.in_port) {
+    r = env_.tables[t].lookup(flow_, m);
+  } else {
+    Flow f = flow_;
+    f.in_port = in_port;
+    if (frag) f.tp_src = f.tp_dst = 0;
+    r = env_.tables[t].lookup(f, m);
+  }
+  if (frag) m->tp_src = m->tp_dst = 0;
+  if (frag || m->tp_src || m->tp_dst) uw_field(FieldId::NW_FRAG);
+  return r;
+}
+
 // Looks the packet up in table t and runs the rule's actions; a goto_table
 // (always a rule's last action, always to a later table) continues here in
 // a loop rather than by recursion, so a chain through every table costs no
-// stack.
-void XlateCtx::do_table(uint8_t t) {
+// stack. `in_port` is the port the first lookup sees (a resubmit's); the
+// actions see the packet's own. `counted`: the first lookup is a resubmit's
+// (a rule found counts toward the limit; goto_table's always do).
+void XlateCtx::do_table(uint8_t t, uint32_t in_port, bool counted) {
   uint8_t saved = table_;
-  for (;;) {
+  for (bool first = true;; first = false) {
     if (exit_) break;
     table_ = t;
     Flow m{};
-    const RulePtr* rp = env_.tables[t].lookup(flow_, &m);
+    const RulePtr* rp = lookup(t, first ? in_port : flow_.in_port, &m);
     const Rule* r = rp ? rp->get() : nullptr;
     uw(m);
     XcacheEntry te;
@@ -165,6 +190,7 @@ void XlateCtx::do_table(uint8_t t) {
       reason_ = DROP_TABLE_MISS;
       break;
     }
+    if (counted || !first) resubmits_++;
     XcacheEntry re;
     re.kind = XcacheEntry::RULE;
     re.table = t;
@@ -178,9 +204,13 @@ void XlateCtx::do_table(uint8_t t) {
     const std::vector<OfAction>& acts = r->actions;
     bool go = !acts.empty() && acts.back().type == OfAct::GOTO_TABLE;
     for (size_t i = 0; i + (go ? 1 : 0) < acts.size(); i++) {
-      if (exit_) break;
+      if (exit_ || end_list_) break;
       if (trace_) event(TraceEvent::ACTION, format_action(acts[i], env_.ports));
       do_action(acts[i]);
+    }
+    if (end_list_) {  // dec_ttl ended this rule's actions, goto_table included
+      end_list_ = false;
+      break;
     }
     if (!go || exit_) break;
     if (trace_) event(TraceEvent::ACTION, format_action(acts.back(), env_.ports));
@@ -191,6 +221,7 @@ void XlateCtx::do_table(uint8_t t) {
       error_ = exit_ = true;
       break;
     }
+    if (limit_reached("goto_table")) break;
     t = next;
   }
   table_ = saved;
@@ -200,10 +231,11 @@ void XlateCtx::do_table(uint8_t t) {
 // ---- actions -------------------------------------------------------------------
 void XlateCtx::do_actions(const std::vector<OfAction>& acts) {
   for (const OfAction& a : acts) {
-    if (exit_) return;
+    if (exit_ || end_list_) break;
     if (trace_) event(TraceEvent::ACTION, format_action(a, env_.ports));
     do_action(a);
   }
+  end_list_ = false;  // dec_ttl ended this list (a group bucket's), not the caller's
 }
 
 void XlateCtx::write_field(const FieldDef& f, u128 value, u128 mask) {
@@ -466,10 +498,12 @@ void XlateCtx::commit() {
     emit_set(Dp::SET_IPV6, v, m, 0, 8);
     emit_set(Dp::SET_IPV6, v, m, 8, 24, 8, 40, f.nw_proto);
     emit_set(Dp::SET_IPV6, v, m, 24, 40, 8, 40, f.nw_proto);
-  } else if (type == kEthArp) {
+  } else if (type == kEthArp && arp_written(p) && (uw_field(FieldId::NW_PROTO), f.nw_proto)) {
+    // (as OVS: no ARP write while the opcode the flow holds is 0; the opcode
+    // field is its low byte)
     if (p.nw_proto) {
       v[7] = f.nw_proto;
-      m[6] = m[7] = 0xff;
+      m[7] = 0xff;
     }
     std::memcpy(v + 8, f.arp_sha, 6);
     std::memcpy(m + 8, p.arp_sha, 6);

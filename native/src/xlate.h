@@ -62,6 +62,7 @@ struct XlateEnv {
   const PortTable* ports = nullptr;
   const std::unordered_map<uint64_t, uint16_t>* tenants = nullptr;  // metadata -> tenant index
   RecircTable* recirc = nullptr;                                // frozen state of ct(table=T)
+  bool frag_nx_match = false;  // frag mode "nx-match": fragments' L4 ports are matched (else "normal")
 };
 
 struct XlateOut {

@@ -87,23 +87,20 @@ void XlateCtx::xlate_move(const OfAction& a) {
 
 // ---- VLAN ----------------------------------------------------------------------------
 
-// push_vlan on a tagged packet: a second tag goes on the packet now; the key
-// describes the outer tag (a copy of the inner one's TCI, as OpenFlow, so that
-// TCI is now a constant of the megaflow) and the inner one waits on tags_ for
-// a pop to bring it back.
+// push_vlan on a tagged packet: a second tag goes on the packet now, VID 0 and
+// PCP 0 as in OVS (flow_push_vlan_uninit); the key describes the outer tag and
+// the inner one waits on tags_ for a pop to bring it back.
 void XlateCtx::push_second_tag(uint16_t tpid) {
-  uint16_t tci = be16(flow_.vlan_tci);
   commit();
-  uw_field(FieldId::VLAN_TCI);
   DpAction d;
   d.type = Dp::PUSH_VLAN;
   d.tpid = tpid;
-  d.tci = static_cast<uint16_t>(tci & ~kVlanPresent);
+  d.tci = 0;
   out_.actions.push_back(d);
   tags_.push_back({flow_.vlan_tpid, flow_.vlan_tci, written_.vlan_tpid, written_.vlan_tci});
-  flow_.vlan_tpid = be16(tpid);
-  base_.vlan_tpid = flow_.vlan_tpid;
-  written_.vlan_tpid = 0xffff;
+  flow_.vlan_tpid = base_.vlan_tpid = be16(tpid);
+  flow_.vlan_tci = base_.vlan_tci = be16(kVlanPresent);
+  written_.vlan_tpid = written_.vlan_tci = 0xffff;
 }
 
 // mod_vlan_vid / mod_vlan_pcp / push_vlan on an untagged packet (a new tag,
@@ -159,6 +156,9 @@ void XlateCtx::xlate_pop_vlan(const OfAction&) {
 
 // ---- TTL, tables, groups, notes ------------------------------------------------------------
 
+// dec_ttl on TTL 0 or 1 ends the current action list only (OVS's
+// compose_dec_ttl "stop processing for current table"): what was sent before
+// stays sent, and a caller that resubmitted here goes on with its own actions.
 void XlateCtx::xlate_dec_ttl(const OfAction&) {
   uw_field(FieldId::DL_TYPE);
   if (flow_.dl_type != be16(kEthIp) && flow_.dl_type != be16(kEthIpv6)) {
@@ -167,9 +167,9 @@ void XlateCtx::xlate_dec_ttl(const OfAction&) {
   }
   uw_field(FieldId::NW_TTL);
   if (flow_.nw_ttl <= 1) {
-    event(TraceEvent::NOTE, "dec_ttl: TTL " + std::to_string(flow_.nw_ttl) + " expired, packet dropped");
+    event(TraceEvent::NOTE, "dec_ttl: TTL " + std::to_string(flow_.nw_ttl) + " expired, the action list ends");
     reason_ = DROP_TTL_EXCEEDED;
-    exit_ = true;
+    end_list_ = true;
     return;
   }
   write_field(field_def(FieldId::NW_TTL), flow_.nw_ttl - 1, 0xff);
@@ -177,15 +177,17 @@ void XlateCtx::xlate_dec_ttl(const OfAction&) {
 
 void XlateCtx::xlate_goto_table(const OfAction&) {}  // do_table follows it (always a rule's last action)
 
+// resubmit(port,table): the port is the input port of the lookup only (the
+// matched rule's actions see the packet's own, as OVS); a resubmit to the same
+// or an earlier table nests one level deeper (xlate_recursively's "deepens").
 void XlateCtx::xlate_resubmit(const OfAction& a) {
   if (limit_reached("resubmit")) return;
-  uint32_t old_in = flow_.in_port;
-  if (a.port != kPortInPort) flow_.in_port = a.port;
-  uint8_t t = a.arg == kTableCurrent ? table_ : static_cast<uint8_t>(a.arg);
-  depth_++;
-  do_table(t);
-  depth_--;
-  flow_.in_port = old_in;
+  const uint32_t in_port = a.port != kPortInPort ? a.port : flow_.in_port;
+  const uint8_t t = a.arg == kTableCurrent ? table_ : static_cast<uint8_t>(a.arg);
+  const int deepens = t <= table_ ? 1 : 0;
+  depth_ += deepens;
+  do_table(t, in_port, true);
+  depth_ -= deepens;
 }
 
 void XlateCtx::xlate_note(const OfAction&) {}

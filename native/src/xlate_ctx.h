@@ -40,7 +40,8 @@ class XlateCtx {
   void event(TraceEvent::Kind k, std::string text, int table = -1, const Rule* r = nullptr);
   bool try_tunnel_pop();
   void resume();
-  void do_table(uint8_t t);
+  void do_table(uint8_t t, uint32_t in_port, bool counted);
+  const RulePtr* lookup(uint8_t t, uint32_t in_port, Flow* mask);
   void do_actions(const std::vector<OfAction>& acts);
   void do_action(const OfAction& a);
   void write_field(const FieldDef& f, u128 value, u128 mask);
@@ -91,6 +92,7 @@ class XlateCtx {
   int depth_ = 0, resubmits_ = 0;
   uint8_t table_ = 0;
   bool exit_ = false, error_ = false;
+  bool end_list_ = false;  // dec_ttl failed: the current action list ends (as OVS)
   uint16_t reason_ = DROP_NONE;
 };
 
