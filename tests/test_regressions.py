@@ -136,3 +136,27 @@ def test_pcapng_with_a_hostile_timestamp_offset_is_an_error(tmp_path):
     f.write_bytes(shb + idb)
     with pytest.raises(DpuError, match="if_tsoffset"):
         Dataplane(ports=["a", "b"]).replay({"a": str(f)}, tmp_path / "o")
+
+
+def test_a_huge_group_bucket_keeps_its_rewrites_and_counts_lost_copies():
+    """Issue 9: a bucket with tens of thousands of actions. Its rewrites stay in
+    its own copy (the next bucket and the rule's own output see the original),
+    and copies the packet pool cannot make are counted as no_buffer drops, never
+    silently lost."""
+    dp = Dataplane(ports=["p1", "p2", "p3"])
+    rewrites = ",".join(["mod_nw_dst:10.9.9.9"] * 20000 + ["output:p2"])
+    with dp.transaction() as t:
+        t.add_group(f"group_id=1,type=all,bucket=actions={rewrites},bucket=actions=output:p3")
+        t.add_flow("in_port=p1,actions=group:1,output:p3")
+    out = dp.process([("p1", bytes(Ether() / IP(dst="10.0.0.1") / UDP()))])
+    assert [(o.port, Ether(o.data)[IP].dst) for o in out] == [("p2", "10.9.9.9"), ("p3", "10.0.0.1"),
+                                                              ("p3", "10.0.0.1")]
+
+    dp = Dataplane(ports=["p1", "p2"])
+    with dp.transaction() as t:
+        t.add_group("group_id=1,type=all,bucket=actions=" + ",".join(["output:p2"] * 40000))
+        t.add_flow("in_port=p1,actions=group:1")
+    out = dp.process([("p1", bytes(Ether() / IP(dst="10.0.0.1") / UDP()))] * 4)
+    p1 = dp.stats()["ports"]["p1"]
+    assert len(out) + p1["drops"]["no_buffer"] == 4 * 40000
+    assert p1["dropped"] == 0 and len(out) > 0  # every packet got copies out

@@ -125,6 +125,7 @@ void Worker::process(Batch& in) {
     p->origin = i;
     p->md.tenant = 0;
     out_count_[i] = 0;
+    lost_[i] = 0;
     reason_[i] = DROP_NONE;
     tenant_[i] = 0;
     icmp_sent_[i] = 0;
@@ -179,15 +180,17 @@ void Worker::process(Batch& in) {
     cur.swap(next);
   }
   for (uint32_t i = 0; i < n; i++) {
-    if (out_count_[i]) continue;
-    uint16_t r = reason_[i] == DROP_NONE ? static_cast<uint16_t>(DROP_NO_OUTPUT) : reason_[i];
-    PortCounters& pc = ports[in_port_[i]];
-    pc.dropped++;
-    pc.drops[r]++;
-    if (tenant_[i] && tenant_[i] < tenants.size()) {
-      tenants[tenant_[i]].dropped++;
-      tenants[tenant_[i]].drops[r]++;
+    // Copies the pool could not make are drops too (no_buffer), even when
+    // other copies of the packet went out; a packet that died of it counts once.
+    uint32_t lost = lost_[i];
+    if (!out_count_[i]) {
+      uint16_t r = reason_[i] == DROP_NONE ? static_cast<uint16_t>(DROP_NO_OUTPUT) : reason_[i];
+      count_drop(i, r);
+      ports[in_port_[i]].dropped++;
+      if (tenant_[i] && tenant_[i] < tenants.size()) tenants[tenant_[i]].dropped++;
+      if (r == DROP_NO_BUFFER && lost) lost--;
     }
+    for (; lost; lost--) count_drop(i, DROP_NO_BUFFER);
   }
   if (__builtin_expect(drop_sink_ != nullptr, 0)) report_drops(n);
   uint64_t t0 = profile_ ? cycles_now() : 0;
@@ -421,7 +424,16 @@ void Worker::drop(Packet* p, uint16_t reason) {
   pool_.put(p);
 }
 
-Packet* Worker::copy(Packet* p) { return pool_.clone(p); }
+Packet* Worker::copy(Packet* p) {
+  Packet* c = pool_.clone(p);
+  if (__builtin_expect(c == nullptr, 0)) lost_[p->origin]++;
+  return c;
+}
+
+void Worker::count_drop(uint32_t i, uint16_t reason) {
+  ports[in_port_[i]].drops[reason]++;
+  if (tenant_[i] && tenant_[i] < tenants.size()) tenants[tenant_[i]].drops[reason]++;
+}
 
 void Worker::flush_tx(bool sort) {
   for (uint32_t port : tx_ports_) {

@@ -243,6 +243,7 @@ class Worker {
   void drop(Packet* p, uint16_t reason);
   void count_oversize(uint32_t port, uint32_t len);
   Packet* copy(Packet* p);
+  void count_drop(uint32_t origin, uint16_t reason);  // per port and tenant, by arrival slot
   void flush_tx(bool sort);
   // vxlan.cc
   bool tnl_push(Packet* p, const Flow& key, const DpAction& a);
@@ -308,6 +309,7 @@ class Worker {
   uint64_t arrival_ts_[kBatchMax];
   bool fast_tunnel_ = true;
   uint16_t out_count_[kBatchMax];
+  uint32_t lost_[kBatchMax];              // copies of each arrival the pool could not make
   uint16_t reason_[kBatchMax];
   uint16_t tenant_[kBatchMax];
   uint8_t icmp_sent_[kBatchMax];
