@@ -307,7 +307,12 @@ def read_flows_file(path: Union[str, os.PathLike]) -> List[Tuple[int, str]]:
 def _to_bytes(pkt: PacketLike) -> bytes:
     if isinstance(pkt, (bytes, bytearray, memoryview)):
         return bytes(pkt)
-    return bytes(pkt)  # scapy packets build themselves
+    # A scapy packet builds itself, with the fields it left unset given fixed
+    # defaults rather than taken from this host's interfaces, routes or ARP
+    # (dpu.packet_expr): an offline call neither varies by machine nor sends.
+    from .packet_expr import offline_defaults
+
+    return bytes(offline_defaults(pkt.copy())) if hasattr(pkt, "fields_desc") else bytes(pkt)
 
 
 class Dataplane:

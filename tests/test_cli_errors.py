@@ -436,3 +436,25 @@ def test_one_native_error_mapping():
     assert e.value.file == "/nonexistent/x.pcap"
     assert type(errors.from_native("PCAP", "m", record=3)) is errors.PcapError
     assert type(errors.from_native("SOMETHING_NEW", "m")) is errors.DpuError
+
+
+def test_api_scapy_packets_do_not_ask_the_host(monkeypatch):
+    """Dataplane.process() given a scapy packet with unset addresses fills them
+    like the CLI does, without touching the host, and leaves the caller's packet as it was."""
+    from scapy.all import IP, UDP, Ether
+    from scapy.config import conf
+    import scapy.layers.l2 as l2
+
+    from dpu import Dataplane
+
+    def host(*a, **k):
+        raise AssertionError("looked at the host's network")
+
+    monkeypatch.setattr(conf.route, "route", host)
+    monkeypatch.setattr(l2, "getmacbyip", host)
+    pkt = Ether() / IP(dst="10.0.0.5") / UDP()
+    dp = Dataplane(ports=["a", "b"], flows=["in_port=a,actions=output:b"])
+    (out,) = dp.process(pkt, in_port="a")
+    assert out.data[:12] == bytes.fromhex("ffffffffffff") + bytes(6)
+    assert out.data[26:30] == bytes(4)
+    assert "src" not in pkt[Ether].fields and "src" not in pkt[IP].fields
