@@ -23,11 +23,13 @@ gateway MACs, VTEPs shared between tenants). Every batch is checked twice:
    interleave "canary" packets and are run twice, so the second run goes
    through the caches the first one filled).
 
-The model also pins underlay hygiene that is not an isolation matter and that
-dpu does not check today (Model._uplink): VXLAN is accepted whatever the outer
-destination MAC, an outer 802.1Q tag, a wrong outer IPv4 header checksum, or an
-outer IPv4 total length shorter than the UDP length (checked against the
-captured bytes). Hardening any of these means updating Model._uplink.
+The model also pins underlay hygiene that is not an isolation matter
+(Model._uplink, after native/src/tunnel_term.h and vxlan.cc): VXLAN is taken
+only when addressed to the VTEP's MAC and address, untagged, not a fragment,
+to the VXLAN port; lengths that disagree (UDP length past the frame, outer IPv4
+or IPv6 length shorter than the UDP datagram) are vxlan_truncated, a wrong outer
+IPv4 header checksum or a wrong non-zero UDP checksum vxlan_bad_checksum.
+Anything else on the uplink is underlay (or an ARP for the VTEP, answered).
 
 Frames are built as raw bytes (scapy is too slow for hundreds of thousands of
 frames); the regression table at the end uses tests/packets.py's scapy builders.
