@@ -110,7 +110,13 @@ def bad_checksum(p):
 
 
 def cut(p, n):
-    return bytes(p)[:n]
+    """The packet cut to n bytes, its outer IPv4 total length (and checksum) cut with it:
+    a total length past the frame is no IPv4 header at all (README "Parsing"), so the
+    cut is the UDP/VXLAN layer's to find."""
+    p = Ether(bytes(p)[:n])
+    p[IP].len = n - 14
+    del p[IP].chksum
+    return bytes(p)
 
 
 VXL_DROPS = [
