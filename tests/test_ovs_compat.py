@@ -232,9 +232,21 @@ class Case:
 
 V4 = [udp4(), tcp4(), icmp4(), sctp4(), arp()]
 MIXED = V4 + [udp6(), tcp6(), icmp6(), tagged(udp4()), eth() / Raw(b"\x88\xb5" + b"z" * 46)]
+TCP_FIRST_FRAGMENT = eth() / IP(src=A1, dst=A2, flags="MF") / TCP(sport=1000, dport=80, flags="S")
 FRAGS = [udp4(flags="MF"), udp4(flags="MF", frag=0, dport=0), udp4(frag=5), udp4(flags="MF", frag=3),
-         tcp4(flags="S", frag=0) if False else tcp4(), icmp4(flags="MF"), icmp4(frag=2), udp4(flags="DF")]
-FRAGS[4] = eth() / IP(src=A1, dst=A2, flags="MF") / TCP(sport=1000, dport=80, flags="S")
+         TCP_FIRST_FRAGMENT, icmp4(flags="MF"), icmp4(frag=2), udp4(flags="DF")]
+
+
+def nested(levels: int) -> List[str]:
+    """A chain of ``levels`` resubmits into the same table (each one a level deeper)."""
+    return ([f"table=0,reg0={n},actions=load:{n + 1}->NXM_NX_REG0[],resubmit(,0)" for n in range(levels)]
+            + [f"table=0,reg0={levels},actions=output:p2"])
+
+
+def fan_out(extra: int) -> List[str]:
+    """63 + 63 * 64 = 4095 rules reached by resubmit, then ``extra`` more, then an output."""
+    return ["table=0,actions=" + ",".join(["resubmit(,1)"] * 63 + ["resubmit(,2)"] * extra + ["output:p2"]),
+            "table=1,actions=" + ",".join(["resubmit(,2)"] * 64), "table=2,actions=note:00"]
 
 CASES: List[Case] = [
     # ---- priorities ----------------------------------------------------------------------
@@ -289,9 +301,10 @@ CASES: List[Case] = [
     Case("resubmit-chain-to-later-tables", [f"table={t},actions=output:p2,resubmit(,{t + 1})" for t in range(70)]
          + ["table=70,actions=output:p3"], [udp4()]),
     Case("resubmit-depth-limit", ["table=0,actions=output:p2,resubmit(,1)", "table=1,actions=output:p3,resubmit(,1)"], [udp4()]),
-    Case("resubmit-depth-63-64", [f"table={t},reg1=0,actions=resubmit(,{t})" if False else
-                                  f"table=0,reg0={n},actions=load:{n + 1}->NXM_NX_REG0[],resubmit(,0)" for t in [0]
-                                  for n in range(70)] + ["table=0,reg0=70,actions=output:p2"], [udp4()]),
+    Case("resubmit-depth-64", nested(64), [udp4()]),
+    Case("resubmit-depth-65", nested(65), [udp4()]),
+    Case("resubmit-total-4096", fan_out(1), [udp4()]),
+    Case("resubmit-total-4097", fan_out(2), [udp4()]),
     Case("resubmit-total-limit", ["table=0,actions=" + ",".join(["resubmit(,1)"] * 16),
                                   "table=1,actions=" + ",".join(["resubmit(,2)"] * 16),
                                   "table=2,actions=" + ",".join(["resubmit(,3)"] * 16), "table=3,actions=output:p2"], [udp4()]),
@@ -428,7 +441,7 @@ CASES: List[Case] = [
     Case("ipv4-first-fragment-rewrite", ["udp,nw_frag=first,actions=mod_tp_dst:99,output:p2,goto_table:1",
                                          "tcp,nw_frag=first,actions=set_field:7->tcp_src,output:p2",
                                          "table=1,udp,tp_dst=0,actions=output:p3", "table=1,priority=0,actions=output:p4"],
-         [udp4(flags="MF"), FRAGS[4]]),
+         [udp4(flags="MF"), TCP_FIRST_FRAGMENT]),
     Case("ipv4-first-fragment-move-ports", ["udp,actions=move:NXM_OF_UDP_DST[]->NXM_NX_REG0[0..15],goto_table:1",
                                             "table=1,reg0=80,actions=output:p2", "table=1,priority=0,actions=output:p3"],
          [udp4(flags="MF"), udp4()]),
