@@ -543,6 +543,7 @@ def _params():
 
 @pytest.mark.parametrize("case", list(_params()))
 def test_case(ovs, case: Case):
+    STATS["cases"] += 1
     compare(ovs, case.flows, case.groups, case.inputs(), frags=case.frags)
 
 
@@ -758,7 +759,20 @@ def _compare_accepted(ovs: OvsOracle, groups: List[str], flows: List[str], pkts)
     return len(ok_flows), len(inputs)
 
 
-STATS = {"examples": 0, "packets": 0, "flows": 0, "refused": 0}
+STATS = {"cases": 0, "examples": 0, "packets": 0, "flows": 0, "refused": 0}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report(request):
+    """One line after the run: what was compared with OVS."""
+    yield
+    tr = request.config.pluginmanager.getplugin("terminalreporter")
+    cm = request.config.pluginmanager.getplugin("capturemanager")
+    if tr is not None and cm is not None and (STATS["cases"] or STATS["examples"]):
+        with cm.global_and_fixture_disabled():
+            tr.write_line(f"\nOVS oracle: {STATS['cases']} hand-written cases and {STATS['examples']} random "
+                          f"examples ({STATS['packets']} packets, {STATS['flows']} flows; {STATS['refused']} flows "
+                          f"refused by ovs-ofctl or the switch) compared with Open vSwitch")
 
 
 @settings(max_examples=EXAMPLES, **RANDOM_SETTINGS)
