@@ -1128,7 +1128,7 @@ def move_prereqs_ok(st: State, f: str) -> bool:
         return dt in (ETH_IP, ETH_IPV6) and key["nw_proto"] in (IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP) \
             and not key["nw_frag"] & FRAG_LATER
     if f in ("nw_src", "nw_dst"):
-        return dt in (ETH_IP, ETH_ARP, ETH_RARP)
+        return dt == ETH_IP  # in an action, IPv4's addresses (arp_spa/arp_tpa are ARP's)
     if f in ("ipv6_src", "ipv6_dst"):
         return dt == ETH_IPV6
     if f in ("arp_spa", "arp_tpa", "arp_sha", "arp_tha", "arp_op"):

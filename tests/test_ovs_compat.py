@@ -503,6 +503,9 @@ CASES: List[Case] = [
          ["group_id=1,type=select", "group_id=2,type=all"]),
     Case("group-in-resubmit", ["actions=resubmit(,1),output:p4", "table=1,actions=group:1,mod_dl_src:02:00:00:00:00:08,output:p3"],
          [udp4()], ["group_id=1,type=all,bucket=actions=mod_dl_src:02:00:00:00:00:07,output:p2"]),
+    Case("group-bucket-ip-writes-on-arp", ["actions=group:1"], [arp(), udp4()],
+         ["group_id=1,type=all,bucket=actions=mod_nw_src:10.0.1.1,set_field:10.0.0.9->ip_dst,"
+          "load:0x0a000007->NXM_OF_IP_SRC[],output:p2"]),
     Case("group-vlan-bucket", ["actions=group:1"], [udp4(), tagged(udp4(), 4)],
          ["group_id=1,type=all,bucket=actions=push_vlan:0x8100,output:p2,bucket=actions=output:p3"]),
     # ---- the listed deviations (each must still show) ------------------------------------------

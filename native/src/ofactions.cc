@@ -632,17 +632,26 @@ void track_match(const OfAction& a, Match* m) {
   }
 }
 
+// (In an action nw_src/nw_dst are IPv4's addresses, OVS's MFF_IPV4_SRC/DST; a
+// match also reads them as ARP's.)
+Prereq action_prereq(FieldId id) {
+  return id == FieldId::NW_SRC || id == FieldId::NW_DST ? Prereq::IPV4 : field_def(id).prereq;
+}
+
 Status check_action_prereqs(const OfAction& a, const Item& it, const Match* m) {
   if (!m) return Status::Ok();
   if (a.type != OfAct::SET_FIELD && a.type != OfAct::LOAD && a.type != OfAct::MOVE) return Status::Ok();
-  const FieldDef& f = field_def(a.field);
-  if (!prereq_met(f.prereq, m->value, &m->mask))
-    return err_at(Err::PARSE, std::string("writing ") + f.name + " needs the flow to match " + prereq_text(f.prereq),
+  const Prereq p = action_prereq(a.field);
+  if (!prereq_met(p, m->value, &m->mask))
+    return err_at(Err::PARSE,
+                  std::string("writing ") + field_def(a.field).name + " needs the flow to match " + prereq_text(p),
                   it.whole, it.pos);
   if (a.type == OfAct::MOVE) {
-    const FieldDef& sf = field_def(a.src_field);
-    if (!prereq_met(sf.prereq, m->value, &m->mask))
-      return err_at(Err::PARSE, std::string("reading ") + sf.name + " needs the flow to match " + prereq_text(sf.prereq),
+    const Prereq sp = action_prereq(a.src_field);
+    if (!prereq_met(sp, m->value, &m->mask))
+      return err_at(Err::PARSE,
+                    std::string("reading ") + field_def(a.src_field).name + " needs the flow to match " +
+                        prereq_text(sp),
                     it.whole, it.pos);
   }
   return Status::Ok();

@@ -37,8 +37,18 @@ void XlateCtx::xlate_drop(const OfAction& a) {
 
 // ---- field writes -------------------------------------------------------------------
 
+// The field an action writes or reads: as such nw_src/nw_dst are IPv4's
+// addresses only (OVS's MFF_IPV4_SRC/DST), where a match reads them as ARP's
+// too (ovs-ofctl's arp,nw_src=...).
+static const FieldDef& action_field(FieldId id) {
+  static const FieldDef ipv4[2] = {
+      [] { FieldDef f = field_def(FieldId::NW_SRC); f.prereq = Prereq::IPV4; return f; }(),
+      [] { FieldDef f = field_def(FieldId::NW_DST); f.prereq = Prereq::IPV4; return f; }()};
+  return id == FieldId::NW_SRC ? ipv4[0] : id == FieldId::NW_DST ? ipv4[1] : field_def(id);
+}
+
 void XlateCtx::xlate_set_field(const OfAction& a) {
-  const FieldDef& f = field_def(a.field);
+  const FieldDef& f = action_field(a.field);
   if (!check_prereq(f)) return;
   write_field(f, a.value, a.mask);
 }
@@ -70,14 +80,14 @@ void XlateCtx::xlate_mod_field(const OfAction& a) {
 static u128 low_bits(uint16_t n) { return n >= 128 ? ~static_cast<u128>(0) : ((static_cast<u128>(1) << n) - 1); }
 
 void XlateCtx::xlate_load(const OfAction& a) {
-  const FieldDef& f = field_def(a.field);
+  const FieldDef& f = action_field(a.field);
   if (!check_prereq(f)) return;
   write_field(f, a.value << a.ofs, low_bits(a.n_bits) << a.ofs);
 }
 
 void XlateCtx::xlate_move(const OfAction& a) {
-  const FieldDef& sf = field_def(a.src_field);
-  const FieldDef& df = field_def(a.field);
+  const FieldDef& sf = action_field(a.src_field);
+  const FieldDef& df = action_field(a.field);
   if (!check_prereq(sf) || !check_prereq(df)) return;
   u128 ones = low_bits(a.n_bits);
   if (sf.datapath) uw(field_mask(sf, ones << a.src_ofs));
