@@ -623,18 +623,22 @@ class Conntrack:
         conn = Conn(zone, orig, reply, nat=nat, mapping=mapping, seqno=self.seq)
         if mapping is not None:
             mapping.refs += 1
+        self._enter(conn, p)
+        self._exec(conn, act)
+        if nat is not None and act.nat is not None:
+            bits = self._translate(st, p, conn, False)
+        return conn, bits
+
+    def _enter(self, conn: Conn, p) -> None:
+        """A new connection's first timeout, and both its directions in the table."""
         if p.kind == "tcp":
             conn.peers = self._tcp_new(p)
             self._refresh(conn, "tcp_transitory")
         else:
             self._refresh(conn, "udp" if p.kind == "udp" else "icmp")
         self.conns.append(conn)
-        self.table[(zone, orig)] = (conn, False)
-        self.table[(zone, reply)] = (conn, True)
-        self._exec(conn, act)
-        if nat is not None and act.nat is not None:
-            bits = self._translate(st, p, conn, False)
-        return conn, bits
+        self.table[(conn.zone, conn.orig)] = (conn, False)
+        self.table[(conn.zone, conn.reply)] = (conn, True)
 
     def _drop_unused_mapping(self, m: Mapping) -> None:
         self.mappings.pop(m.key, None)
@@ -721,14 +725,7 @@ class Conntrack:
         self.seq += 1
         conn = Conn(zone, orig, reply, nat="dnat", mapping=m, seqno=self.seq)
         m.refs += 1
-        if p.kind == "tcp":
-            conn.peers = self._tcp_new(p)
-            self._refresh(conn, "tcp_transitory")
-        else:
-            self._refresh(conn, "udp" if p.kind == "udp" else "icmp")
-        self.conns.append(conn)
-        self.table[(zone, orig)] = (conn, False)
-        self.table[(zone, reply)] = (conn, True)
+        self._enter(conn, p)
         if act.commit:
             self._exec(conn, act)
         bits = self._translate(st, p, conn, False)
