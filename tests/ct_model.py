@@ -432,6 +432,18 @@ class CtResult:
         return k
 
 
+
+def _slide(src: Peer, dst: Peer, win: int, sws: int, end: int, ack: int) -> None:
+    """An accepted segment moves the window: the sender's largest window and highest
+    sequence sent, and how far the receiver may now send."""
+    if src.max_win < win:
+        src.max_win = win
+    if seq_gt(end, src.seqlo):
+        src.seqlo = end
+    if seq_geq((ack + (win << sws)) & M32, dst.seqhi):
+        dst.seqhi = (ack + max(win << sws, 1)) & M32
+
+
 class Conntrack:
     def __init__(self) -> None:
         self.table: Dict[Tuple[int, Tuple5], Tuple[Conn, bool]] = {}  # -> (conn, is reply tuple)
@@ -938,12 +950,7 @@ class Conntrack:
                      and (not flags & TH_RST or orig_seq == src.seqlo or orig_seq == (src.seqlo + 1) & M32
                           or (orig_seq + 1) & M32 == src.seqlo))
         if in_window:
-            if src.max_win < win:
-                src.max_win = win
-            if seq_gt(end, src.seqlo):
-                src.seqlo = end
-            if seq_geq((ack + (win << sws)) & M32, dst.seqhi):
-                dst.seqhi = (ack + max(win << sws, 1)) & M32
+            _slide(src, dst, win, sws, end, ack)
             if flags & TH_SYN and src.state < TCPS_SYN_SENT:
                 src.state = TCPS_SYN_SENT
             if flags & TH_FIN and src.state < TCPS_CLOSING:
@@ -964,12 +971,7 @@ class Conntrack:
                 and seq_geq((src.seqhi + MAXACKWINDOW) & M32, end)
                 and seq_geq(seq, (src.seqlo - MAXACKWINDOW) & M32)):
             # docs: accepted, but the connection's timeout is not refreshed
-            if src.max_win < win:
-                src.max_win = win
-            if seq_gt(end, src.seqlo):
-                src.seqlo = end
-            if seq_geq((ack + (win << sws)) & M32, dst.seqhi):
-                dst.seqhi = (ack + max(win << sws, 1)) & M32
+            _slide(src, dst, win, sws, end, ack)
             if flags & TH_FIN and src.state < TCPS_CLOSING:
                 src.state = TCPS_CLOSING
             if flags & TH_RST:
