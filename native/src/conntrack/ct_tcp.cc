@@ -53,8 +53,14 @@ void tcp_init(Conn* c, const CtPacket& p) {
   t = TcpTrack{};
   t.seqlo[0] = p.seq;
   t.seqhi[0] = p.seq + p.payload + 1 + ((p.tcp_flags & kTcpSyn) ? 1 : 0) + ((p.tcp_flags & kTcpFin) ? 1 : 0);
-  t.max_win[0] = p.win ? p.win : 1;  // a SYN's window is never scaled
-  if (p.wscale >= 0) t.wscale[0] = static_cast<uint8_t>(p.wscale | kWscaleSet);
+  // A SYN's window is never scaled (RFC 7323 2.2); it is kept in the units
+  // its side's scaled windows will use, rounded up (as pf and Open vSwitch),
+  // and shifted back if the responder does not agree to scaling.
+  t.max_win[0] = p.win ? p.win : 1;
+  if (p.wscale >= 0) {
+    t.wscale[0] = static_cast<uint8_t>(p.wscale | kWscaleSet);
+    t.max_win[0] = (t.max_win[0] + (1u << p.wscale) - 1) >> p.wscale;
+  }
   t.state[0] = TCPS_SYN_SENT;
   t.state[1] = TCPS_CLOSED;
   t.seqhi[1] = 1;  // nothing known of the responder yet
@@ -96,23 +102,20 @@ CtUpdate tcp_update(Conn* c, const CtPacket& p, bool reply) {
 
   if (t.state[s] < TCPS_SYN_SENT) {
     // The first packet from this side (normally the SYN-ACK). The peer has
-    // only sent its SYN, whose window is never scaled (RFC 7323 2.2): that
-    // many bytes, not more, may come back now.
-    uint32_t room = t.max_win[d] << dws;
-    if (f & kTcpSyn) {
-      room = t.max_win[d];
-      if (t.wscale[d] & kWscaleSet) {
-        if (p.wscale >= 0) {  // both sides scale (RFC 7323)
-          t.wscale[s] = static_cast<uint8_t>(p.wscale | kWscaleSet);
-          sws = static_cast<uint8_t>(p.wscale);
-          win = (win + (1u << sws) - 1) >> sws;  // store windows in scaled units
-          dws = t.wscale[d] & kWscaleMask;
-          t.max_win[d] = (t.max_win[d] + (1u << dws) - 1) >> dws;  // the SYN's window too, rounded up
-        } else {
-          t.wscale[d] = 0;  // the option was not agreed: nobody scales
-        }
+    // only sent its SYN, whose window (its max_win, see tcp_init) is what
+    // may come back now.
+    if ((f & kTcpSyn) && (t.wscale[d] & kWscaleSet)) {
+      if (p.wscale >= 0) {  // both sides scale (RFC 7323)
+        t.wscale[s] = static_cast<uint8_t>(p.wscale | kWscaleSet);
+        sws = static_cast<uint8_t>(p.wscale);
+        win = (win + (1u << sws) - 1) >> sws;  // store windows in scaled units
+        dws = t.wscale[d] & kWscaleMask;
+      } else {  // the option was not agreed: nobody scales, the SYN's window is bytes again
+        t.max_win[d] <<= t.wscale[d] & kWscaleMask;
+        t.wscale[d] = 0;
       }
     }
+    uint32_t room = t.max_win[d] << dws;
     t.seqlo[s] = seq;
     t.state[s] = TCPS_SYN_SENT;
     room = std::max<uint32_t>(1, room);
