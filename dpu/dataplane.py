@@ -656,6 +656,13 @@ class Dataplane:
         """Advances this dataplane's clock (tests: flow durations, later aging)."""
         self._core.warp(int(seconds * 1e9))
 
+    def stop_clock(self, stop: bool = True) -> None:
+        """Stops this dataplane's clock where it stands (``ovs-appctl time/stop``), or
+        lets it run on from there. A stopped clock moves only with :meth:`warp` and, for
+        connection tracking, with the packets' timestamps: replayed expiries then depend
+        on packet time alone."""
+        self._core.stop_clock(stop)
+
 
 def _zone(zone) -> int:
     if isinstance(zone, bool) or not isinstance(zone, int) or not 0 <= zone <= 65535:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from typing import List, Optional, Tuple
 
 import pytest
@@ -71,7 +72,7 @@ MAC_IN, MAC_OUT = "02:00:00:00:01:01", "02:00:00:00:02:02"
 # timestamps: timeouts end in .5 and the steps between packets are whole seconds (or a
 # few ms), so that no packet comes within ~0.45 s of a connection's expiry.
 CT_TIMEOUTS = {"udp": 30.5, "icmp": 20.5, "tcp_transitory": 40.5, "tcp_established": 90.5}
-CLOCK_SLACK = 0.25  # seconds: how far the core's expires_in may be from the model's
+CLOCK_SLACK = 0.25  # seconds: how far the core's expires_in may be from the model's (its clock is stopped)
 # seconds between two packets: mostly none or small; sometimes across a timeout
 CT_STEPS = [0] * 8 + [0.001] * 2 + [1] * 6 + [3] * 3 + [20, 21, 30, 31, 40, 41, 61, 90, 91, 200]
 T0 = 1_000 * 10**9
@@ -521,6 +522,7 @@ def ct_sequences(draw, rules: List[str] = (), max_len: int = 20):
 
 def ct_build(flows, timeouts=None, zones=None, max_connections=None) -> Tuple[Dataplane, Model]:
     dp, model = build([], flows)
+    dp.stop_clock()  # the model knows packet time only: no wall time may pass in between
     if timeouts or max_connections is not None:
         dp.ct_config(timeouts=timeouts, max_connections=max_connections)
         model.ct_config(timeouts=timeouts, max_connections=max_connections)
@@ -1025,6 +1027,22 @@ def test_ct_clock_counts_packets_that_skip_conntrack():
     out = dp.process([("p2", bytes(_eth(False) / IP(src=S1, dst=C1) / UDP(sport=53, dport=40000)))],
                      timestamps=[T0 + 10 * 10**9])
     assert [o.port for o in out] == ["p3"]  # +new: the connection expired at t=30.5
+
+
+def test_stopped_clock_moves_only_with_packets_and_warp():
+    """Dataplane.stop_clock (ovs-appctl time/stop): wall time does not age a connection;
+    packet timestamps and warp() do; once restarted, time goes on from where it stood."""
+    dp, _ = ct_build(["table=0,ip,actions=ct(commit,table=1)", "table=1,actions=output:p2"], timeouts=CT_TIMEOUTS)
+    dp.process([("p1", bytes(_eth() / IP(src=C1, dst=S1) / UDP(sport=40000, dport=53)))], timestamps=[T0])
+    first = dp.conntrack()[0].expires_in
+    time.sleep(0.3)
+    assert dp.conntrack()[0].expires_in == pytest.approx(first, abs=1e-6)
+    dp.warp(10)
+    assert dp.conntrack()[0].expires_in == pytest.approx(first - 10, abs=1e-6)
+    dp.stop_clock(False)
+    time.sleep(0.3)
+    left = dp.conntrack()[0].expires_in
+    assert first - 10 - 1 < left < first - 10 - 0.25
 
 
 def test_ct_responder_first_segment_not_a_syn_ack():

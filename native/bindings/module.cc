@@ -887,6 +887,7 @@ void bind_packets(DataplaneClass& c) {
              dp.worker(0).set_max_megaflows(n);
            })
       .def("warp", &Dataplane::warp)
+      .def("stop_clock", &Dataplane::stop_clock)
       .def("port_number", &Dataplane::port_number)
       .def("port_name", &Dataplane::port_name);
 }

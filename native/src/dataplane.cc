@@ -70,10 +70,24 @@ Dataplane::Dataplane(size_t n_workers) {
 }
 Dataplane::~Dataplane() = default;
 
-int64_t Dataplane::now_ns() const {
+static int64_t monotonic_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-             .count() +
-         warp_ns_.load();
+      .count();
+}
+
+int64_t Dataplane::now_ns() const {
+  const int64_t stopped = stopped_ns_.load(std::memory_order_relaxed);
+  return (stopped ? stopped : monotonic_ns()) + warp_ns_.load();
+}
+
+void Dataplane::stop_clock(bool stop) {
+  if (stop == (stopped_ns_.load() != 0)) return;
+  if (stop) {
+    stopped_ns_.store(monotonic_ns());
+  } else {  // time goes on from where it stood
+    warp_ns_ -= monotonic_ns() - stopped_ns_.load();
+    stopped_ns_.store(0);
+  }
 }
 
 Status Dataplane::validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortInfo>* add) {

@@ -174,6 +174,10 @@ class Dataplane {
   // Time (injectable, as OVS's time/warp): monotonic ns plus a test offset.
   int64_t now_ns() const;
   void warp(int64_t ns) { warp_ns_ += ns; }
+  // Stops the clock where it stands (OVS's time/stop): it then moves only
+  // with warp() and, for conntrack, with packet timestamps. Tests that
+  // compare expiries with a model of packet time use it.
+  void stop_clock(bool stop);
 
  private:
   class TxnPorts;
@@ -223,6 +227,7 @@ class Dataplane {
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t next_seq_ = 1;
   std::atomic<int64_t> warp_ns_{0};
+  std::atomic<int64_t> stopped_ns_{0};  // the stopped clock's monotonic reading, 0: running
 };
 
 }  // namespace dpu
