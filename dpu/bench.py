@@ -287,6 +287,7 @@ BUILDERS: Dict[str, Callable[[], Tuple[Any, Any, Any, dict]]] = {
     "snat-est-10k": lambda: _snat_established(10_000),
     "snat-new": _snat_new,
     "snat-1m": lambda: _snat_established(1_000_000),
+    "snat-est-1k": lambda: _snat_established(1_000),
 }
 SCENARIOS = list(BUILDERS) + ["replay-10m"]
 TARGETS_MPPS = {"l3-rewrite-1k": 25, "l3-rewrite-100k": 10, "l3-rewrite-1m": 5, "rules-10k": 15, "replay-10m": 5,

@@ -1029,6 +1029,110 @@ def test_ct_clock_counts_packets_that_skip_conntrack():
     assert [o.port for o in out] == ["p3"]  # +new: the connection expired at t=30.5
 
 
+RESUME_FLOWS = [
+    "table=0,priority=10,ip,ct_state=-trk,actions=ct(table=1,zone=100,nat)",
+    "table=1,priority=10,in_port=p1,ip,ct_state=+trk+new,actions=ct(commit,zone=100,nat(src=203.0.113.10)),output:p2",
+    "table=1,priority=10,in_port=p1,ip,ct_state=+trk+est,ct_mark=0,actions=ct(commit,zone=100,exec(set_field:7->ct_mark)),output:p2",
+    "table=1,priority=10,in_port=p1,ip,ct_state=+trk+est,ct_mark=7,actions=mod_dl_dst:02:00:00:00:00:77,output:p2",
+    "table=1,priority=10,in_port=p2,ip,ct_state=+trk+est+rpl,actions=output:p1",
+    "table=1,priority=0,actions=drop(policy)",
+]
+
+
+def _snat_tcp(client: bool, flags: str, seq: int, ack: int = 0, data: bytes = b""):
+    if client:
+        return _eth() / IP(src=C1, dst=S1) / TCP(sport=40000, dport=80, flags=flags, seq=seq, ack=ack) / Raw(data)
+    return _eth(False) / IP(src=S1, dst=SNAT_IP) / TCP(sport=80, dport=40000, flags=flags, seq=seq, ack=ack) / Raw(data)
+
+
+def test_ct_resume_after_conntrack_matches_the_model():
+    """The worker's cache of the pass after conntrack (docs/design.md, "Resuming after
+    conntrack") answers packets of established connections without a second lookup, and
+    changes nothing of what they get: the model agrees on every output, counter and
+    connection through a session whose mark changes on the way (the cached state no
+    longer matches), both directions resumed, a segment out of the window (+inv on a
+    cached connection), an idle time past the established timeout (the cached connection
+    is gone) and a new connection on the same tuple."""
+    steps = [(0, "p1", _snat_tcp(True, "S", 1000)), (0, "p2", _snat_tcp(False, "SA", 5000, 1001)),
+             (0, "p1", _snat_tcp(True, "A", 1001, 5001))]
+    seq_c, seq_s = 1001, 5001
+    for i in range(6):  # data both ways: the mark is set by the first, then the cache answers
+        steps.append((1 + i, "p1", _snat_tcp(True, "PA", seq_c, seq_s, b"c" * 10)))
+        seq_c += 10
+        steps.append((1 + i, "p2", _snat_tcp(False, "PA", seq_s, seq_c, b"s" * 20)))
+        seq_s += 20
+    steps.append((8, "p1", _snat_tcp(True, "PA", seq_c + 500000, seq_s, b"c" * 10)))  # out of the window
+    steps.append((9, "p1", _snat_tcp(True, "PA", seq_c, seq_s, b"c" * 10)))
+    steps.append((200, "p1", _snat_tcp(True, "PA", seq_c + 10, seq_s, b"c" * 10)))  # expired: +inv
+    steps.append((201, "p1", _snat_tcp(True, "S", 9000)))
+    steps.append((201, "p2", _snat_tcp(False, "SA", 7000, 9001)))
+    steps.append((202, "p1", _snat_tcp(True, "PA", 9001, 7001, b"c" * 10)))
+    steps.append((203, "p1", _snat_tcp(True, "PA", 9011, 7001, b"c" * 10)))
+
+    def run(resume_possible: bool):
+        dp, model = ct_build(RESUME_FLOWS, timeouts=CT_TIMEOUTS)
+        if resume_possible:
+            dp._core.set_emc_insert_inv_prob(1)  # every megaflow hit enters the EMC
+        seq = [(port, bytes(pkt), T0 + round(t * 1e9), f"step {i}") for i, (t, port, pkt) in enumerate(steps)]
+        outs: list = []
+        assert run_ct_sequence(dp, model, seq, _ct_describe(RESUME_FLOWS, seq), collect=outs) == len(seq)
+        return dp.stats()["workers_total"], [[(o.port, o.data) for o in step] for step in outs]
+
+    with_cache, outs = run(True)
+    without, outs_without = run(False)
+    assert outs == outs_without
+    # client data 2..6 (mark 7 from the second on, resumed from the third) and server data 2..6,
+    # and the last segment of the new connection
+    assert with_cache["ct_resumed"] >= 8, with_cache
+    assert with_cache["passes"] == without["passes"] and with_cache["recirculations"] == without["recirculations"]
+    assert Ether(outs[2 * 5 + 3][0][1]).dst == "02:00:00:00:00:77"  # the cached megaflow's actions ran
+
+
+def test_ct_resume_not_cached_when_the_next_pass_recirculates():
+    """A next pass whose actions make passes of their own (a second ct) is not cached: a
+    resumed packet's later passes would not count towards the recirculation limit, and
+    their conntrack decisions would move ahead of the batch's other packets."""
+    flows = ["table=0,priority=10,ip,ct_state=-trk,actions=ct(table=1,zone=100)",
+             "table=1,priority=10,in_port=p1,ip,ct_state=+trk+new,actions=ct(commit,zone=100),output:p2",
+             "table=1,priority=10,ip,ct_state=+trk+est,actions=ct(table=2,zone=200)",
+             "table=2,priority=10,in_port=p1,ip,actions=output:p2",
+             "table=2,priority=10,in_port=p2,ip,actions=output:p1"]
+    dp, model = ct_build(flows, timeouts=CT_TIMEOUTS)
+    dp._core.set_emc_insert_inv_prob(1)
+    steps = [(0, "p1", _tcp(True, "S", 1000)), (0, "p2", _tcp(False, "SA", 5000, 1001))]
+    steps += [(1 + i, "p1", _tcp(True, "PA", 1001 + 10 * i, 5001, b"c" * 10)) for i in range(5)]
+    seq = [(port, bytes(pkt), T0 + round(t * 1e9), f"step {i}") for i, (t, port, pkt) in enumerate(steps)]
+    assert run_ct_sequence(dp, model, seq, _ct_describe(flows, seq)) == len(seq)
+    st = dp.stats()["workers_total"]
+    assert st["ct_resumed"] == 0 and st["ct_packets"] > len(seq)
+
+
+def test_ct_resume_never_uses_a_flushed_connection():
+    """A connection flushed (or expired, or replaced) while a worker still caches it is
+    not used: the next segment finds no connection (+inv, dropped), and the cache is not
+    consulted again for a connection that is gone."""
+    dp, _ = ct_build(RESUME_FLOWS, timeouts=CT_TIMEOUTS)
+    dp._core.set_emc_insert_inv_prob(1)
+
+    def send(port, pkt, t):
+        return [o.port for o in dp.process([(port, bytes(pkt))], timestamps=[T0 + round(t * 1e9)])]
+
+    assert send("p1", _snat_tcp(True, "S", 1000), 0) == ["p2"]
+    assert send("p2", _snat_tcp(False, "SA", 5000, 1001), 0) == ["p1"]
+    seq_c = 1001
+    for i in range(4):
+        assert send("p1", _snat_tcp(True, "PA", seq_c, 5001, b"c" * 10), 1 + i) == ["p2"]
+        seq_c += 10
+    resumed = dp.stats()["workers_total"]["ct_resumed"]
+    assert resumed >= 2
+    assert dp.ct_flush() == 1
+    drops_before = dp.stats()["ports"]["p1"]["drops"].get("policy", 0)
+    assert send("p1", _snat_tcp(True, "PA", seq_c, 5001, b"c" * 10), 6) == []
+    st = dp.stats()
+    assert st["workers_total"]["ct_resumed"] == resumed
+    assert st["ports"]["p1"]["drops"]["policy"] == drops_before + 1
+
+
 def test_stopped_clock_moves_only_with_packets_and_warp():
     """Dataplane.stop_clock (ovs-appctl time/stop): wall time does not age a connection;
     packet timestamps and warp() do; once restarted, time goes on from where it stood."""

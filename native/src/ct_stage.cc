@@ -25,7 +25,12 @@ void Worker::ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpA
     k = static_cast<uint32_t>(ct_keys_.size());
     ct_keys_.push_back(key);
   }
-  ct_jobs_.push_back(CtJob{p, a.ct, rest, static_cast<uint32_t>(n_rest), k});
+  ct_jobs_.push_back(CtJob{p, a.ct, rest, static_cast<uint32_t>(n_rest), k, 0, 0});
+}
+
+void Worker::ct_enqueue_resumable(Packet* p, const DpAction& a, uint32_t slot, uint32_t stamp) {
+  __builtin_prefetch(&ct_resume_[slot]);  // read at the stage, if the slot resumes
+  ct_jobs_.push_back(CtJob{p, a.ct, nullptr, 0, 0, slot + 1, stamp});
 }
 
 static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
@@ -34,7 +39,10 @@ static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
   md.ct_zone = spec.zone;
   md.ct_mark = r.mark;
   CtPacketMeta& ct = p->ct;
-  for (int i = 0; i < 16; i++) ct.label[i] = static_cast<uint8_t>(r.label >> (8 * (15 - i)));
+  ct.resume = 0;
+  const uint64_t label[2] = {__builtin_bswap64(static_cast<uint64_t>(r.label >> 64)),
+                             __builtin_bswap64(static_cast<uint64_t>(r.label))};
+  std::memcpy(ct.label, label, 16);  // network order
   if (!r.have_tuple) {
     ct.proto = 0;
     return;
@@ -55,6 +63,79 @@ static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
   }
 }
 
+// ---- Resuming after conntrack ------------------------------------------------------------
+//
+// A packet of an established connection usually takes two passes: its key
+// finds a megaflow whose only action is ct(table=T), conntrack tracks and
+// translates it, and the recirculated packet is parsed and looked up again.
+// The second pass's key depends only on the first pass's key, the
+// connection's keys (its translation) and the state, mark and label the
+// packet got, so the worker caches it per EMC slot (CtResume): the next time
+// a packet hits that slot, the stage tries the cached connection instead of
+// a table lookup (Conntrack::execute_known, which takes it only if it is
+// still the packet's live connection), and when the result is the cached
+// one, the packet goes straight to the cached megaflow's actions with the
+// cached key. Anything else (another state, a changed mark, a new
+// connection, a refused connection) takes the ordinary second pass. The
+// decisions are the same in either case and are made in the same order;
+// what the cache saves is a parse, a lookup in the conntrack table and two
+// cache lookups. The counters count the pass it stands for (passes,
+// recirculations, emc_hits, and ct_resumed).
+//
+// The cache is filled in three steps: the stage notes an established result
+// of a resumable job (ct_note_resume: the packet carries the note's index),
+// the next pass supplies its megaflow and key (ct_fill_resume), and the slot
+// is marked if it still holds the same key (its stamp). An EMC insert into
+// the slot or a cache flush unmarks it.
+
+void Worker::ct_note_resume(Packet* p, uint32_t slot, uint32_t stamp, const CtResult& r) {
+  if (!r.conn || (r.state & (kCsNew | kCsInvalid | kCsRelated)) || !(r.state & kCsEstablished)) return;
+  if (resume_notes_.size() >= 0xffff) return;
+  resume_notes_.push_back(ResumeNote{p, slot, stamp, r.conn, r.mark, r.dir, r.state, r.conn->key[1 - r.dir], r.label});
+  p->ct.resume = static_cast<uint16_t>(resume_notes_.size());
+}
+
+void Worker::ct_fill_resume(Packet* p, Megaflow* mf, const Flow& key) {
+  const size_t i = p->ct.resume - 1u;
+  p->ct.resume = 0;
+  if (i >= resume_notes_.size() || resume_notes_[i].p != p) return;  // a copy, or a stale note
+  ResumeNote& note = resume_notes_[i];
+  note.p = nullptr;
+  if (!mf || mf->recirculates) return;  // not installed; or its actions would make passes a cache cannot count
+  if (emc_.stamp(note.slot) != note.stamp) return;  // the slot holds another key now
+  CtResume& e = ct_resume_[note.slot];
+  e.conn = note.conn;
+  e.mf = mf;
+  e.mark = note.mark;
+  e.dir = note.dir;
+  e.state = note.state;
+  e.labelled = note.label != 0;
+  e.other = note.other;
+  e.label = note.label;
+  e.key = key;
+  emc_.set_resume(note.slot);
+}
+
+// The cached next pass: what pass() would have done with the packet.
+void Worker::ct_resume(Packet* p, const CtResume& e, std::vector<Packet*>& next) {
+  Megaflow* mf = e.mf;
+  counters.passes++;
+  counters.recirculations++;
+  counters.emc_hits++;
+  counters.ct_resumed++;
+  recirculated_ = true;
+  mf->n_packets.store(mf->n_packets.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  mf->n_bytes.store(mf->n_bytes.load(std::memory_order_relaxed) + p->len, std::memory_order_relaxed);
+  const uint16_t tenant = mf->tenant;
+  if (tenant && !p->md.tenant && tenant < tenants.size()) {
+    p->md.tenant = tenant;
+    tenant_[p->origin] = tenant;
+    tenants[tenant].rx_packets++;
+    tenants[tenant].rx_bytes += p->len;
+  }
+  run_actions_nested(p, e.key, mf->acts, mf->n_acts, next);
+}
+
 void Worker::conntrack_stage(std::vector<Packet*>& next) {
   Conntrack& ct = dp_->conntrack();
   ctw_->begin();
@@ -64,21 +145,44 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   const bool dry_run = trace_ != nullptr;
   // The batch's chains are fetched before any is walked: every packet's
   // chain head, then every chain's first connection, then the decisions.
+  // A job whose slot has a cached connection fetches that instead.
   const size_t n = ct_jobs_.size();
   if (ct_prep_.size() < n) ct_prep_.resize(n);
+  if (ct_known_.size() < n) ct_known_.resize(n);
   for (size_t j = 0; j < n; j++) {
-    ct.prepare(ct_jobs_[j].p, *ct_jobs_[j].spec, &ct_prep_[j]);
+    const CtJob& job = ct_jobs_[j];
+    ct_known_[j] = job.slot && emc_.resumes(job.slot - 1, job.stamp);
+    if (ct_known_[j]) {
+      __builtin_prefetch(&ct_resume_[job.slot - 1]);
+      continue;
+    }
+    ct.prepare(job.p, *job.spec, &ct_prep_[j]);
     if (ct_prep_[j].ok) ct.prefetch_head(ct_prep_[j].hash);
   }
-  for (size_t j = 0; j < n; j++)
-    if (ct_prep_[j].ok) ct.prefetch_node(ct_prep_[j].hash);
+  for (size_t j = 0; j < n; j++) {
+    if (ct_known_[j]) {
+      const CtResume& e = ct_resume_[ct_jobs_[j].slot - 1];
+      Conntrack::prefetch_conn(e.conn);
+      __builtin_prefetch(e.mf);
+    } else if (ct_prep_[j].ok) {
+      ct.prefetch_node(ct_prep_[j].hash);
+    }
+  }
   // A continuation may hand its packet to conntrack again: those jobs join
   // this same stage (prepared when they come up).
   for (size_t j = 0; j < ct_jobs_.size(); j++) {
     const CtJob job = ct_jobs_[j];
     CtResult r;
-    if (j < n) ct.execute(*ctw_, job.p, *job.spec, ct_prep_[j], now, dry_run, &r);
-    else ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);
+    const CtResume* known = nullptr;
+    if (j < n && ct_known_[j]) {
+      const CtResume& e = ct_resume_[job.slot - 1];
+      if (ct.execute_known(*ctw_, job.p, *job.spec, e.conn, e.dir, e.other, now, &r)) known = &e;
+      else ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);
+    } else if (j < n) {
+      ct.execute(*ctw_, job.p, *job.spec, ct_prep_[j], now, dry_run, &r);
+    } else {
+      ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);
+    }
     counters.ct_packets++;
     if (trace_) trace_->conntrack(*job.spec, r);
     if (r.drop != DROP_NONE) {
@@ -88,6 +192,11 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     store_result(job.p, *job.spec, r);
     if (job.spec->recirc_id) {
       job.p->md.recirc_id = job.spec->recirc_id;
+      if (known && known->same(r)) {
+        ct_resume(job.p, *known, next);
+        continue;
+      }
+      if (job.slot) ct_note_resume(job.p, job.slot - 1, job.stamp, r);
       next.push_back(job.p);
     } else {
       const Flow key = ct_keys_[job.key];  // copied: the continuation may add keys

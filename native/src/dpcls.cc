@@ -1,6 +1,8 @@
 // dpcls.cc: megaflow cache insertion and maintenance (see dpcls.h).
 #include "dpcls.h"
 
+#include "conntrack/conntrack.h"
+
 #include <algorithm>
 
 namespace dpu {
@@ -46,6 +48,9 @@ Megaflow* Dpcls::insert(const Flow& key, const Flow& wc, XlateOut&& x) {
   mf->xcache = std::move(x.xcache);
   mf->acts = mf->actions.data();
   mf->n_acts = static_cast<uint32_t>(mf->actions.size());
+  mf->ct_resume = mf->n_acts == 1 && mf->acts[0].type == Dp::CT && mf->acts[0].ct->recirc_id != 0;
+  for (const DpAction& a : mf->actions)  // nested lists (clone) lie inline
+    mf->recirculates |= a.type == Dp::CT || a.type == Dp::TNL_POP;
   size_t bm = st->slots.size() - 1;
   size_t pos = mf->hash & bm;
   while (st->slots[pos].mf) pos = (pos + 1) & bm;

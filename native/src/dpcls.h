@@ -42,6 +42,11 @@ struct alignas(64) Megaflow {
   const DpAction* acts = nullptr;
   uint32_t n_acts = 0;
   uint16_t tenant = 0;
+  // The actions are one ct(table=T) and nothing else: the pass after it may
+  // be answered from the worker's cache of established connections.
+  bool ct_resume = false;
+  // Some action makes another pass (ct, a tunnel pop), possibly in a clone.
+  bool recirculates = false;
   // the rest: lookup key, ownership, stats push
   uint64_t key[kKeyWords];   // masked
   const Subtable* st = nullptr;
@@ -129,11 +134,20 @@ class Emc {
  public:
   static constexpr uint32_t kEntries = 8192;
   Emc() : e_(kEntries) { clear(); }
-  Megaflow* lookup(const Flow& key, uint32_t hash) const {
-    const Entry& a = e_[hash & (kEntries - 1)];
-    if (a.hash == hash && a.mf && same(a.key, words(key))) return a.mf;
-    const Entry& b = e_[(hash >> 13) & (kEntries - 1)];
-    if (b.hash == hash && b.mf && same(b.key, words(key))) return b.mf;
+  // The megaflow of `key`, or null; *slot is the entry that answered.
+  Megaflow* lookup(const Flow& key, uint32_t hash, uint32_t* slot) const {
+    uint32_t ia = hash & (kEntries - 1);
+    const Entry& a = e_[ia];
+    if (a.hash == hash && a.mf && same(a.key, words(key))) {
+      *slot = ia;
+      return a.mf;
+    }
+    uint32_t ib = (hash >> 13) & (kEntries - 1);
+    const Entry& b = e_[ib];
+    if (b.hash == hash && b.mf && same(b.key, words(key))) {
+      *slot = ib;
+      return b.mf;
+    }
     return nullptr;
   }
   void prefetch(uint32_t hash) const {  // the lines an untracked key's compare reads
@@ -149,9 +163,20 @@ class Emc {
     std::memcpy(t->key, &key, kKeyBytes);
     t->hash = hash;
     t->mf = mf;
+    t->stamp++;
+    t->resume = 0;
   }
+  // Each insert into a slot changes its stamp: a slot with the stamp seen
+  // earlier still holds the same key. `resume` marks a slot whose key has a
+  // cached next pass after conntrack (Worker, CtResume).
+  uint32_t stamp(uint32_t slot) const { return e_[slot].stamp; }
+  bool resumes(uint32_t slot, uint32_t stamp) const { return e_[slot].resume && e_[slot].stamp == stamp; }
+  void set_resume(uint32_t slot) { e_[slot].resume = 1; }
   void clear() {
-    for (uint32_t i = 0; i < kEntries; i++) e_[i].mf = nullptr;
+    for (uint32_t i = 0; i < kEntries; i++) {
+      e_[i].mf = nullptr;
+      e_[i].resume = 0;
+    }
   }
 
   // Whole-key compare without early exits (the conntrack words only when
@@ -185,7 +210,9 @@ class Emc {
  private:
   struct alignas(64) Entry {
     uint32_t hash;
+    uint32_t stamp;
     Megaflow* mf;
+    uint8_t resume;
     uint64_t key[kKeyWords];
   };
   HugeArray<Entry> e_;

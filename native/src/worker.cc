@@ -152,6 +152,7 @@ void Worker::process(Batch& in) {
   recirculated_ = false;
   emit_seq_ = 0;
   uninstalled_.clear();
+  resume_notes_.clear();
   max_ts_ = 0;
   for (uint32_t i = 0; i < n; i++) max_ts_ = std::max(max_ts_, in.pkts[i]->md.timestamp_ns);
   // The conntrack clock follows every batch's timestamps, not only those of
@@ -287,11 +288,20 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     t0 = t1;
   }
 
+  // The EMC entry of each hit (kNoSlot for a miss) and its stamp now: a miss
+  // later in this sub-batch may insert another key into the same entry.
+  uint32_t slots[kChunk], stamps[kChunk];
+  constexpr uint32_t kNoSlot = ~0u;
   for (uint32_t i = 0; i < n; i++) {
-    Megaflow* mf = emc_.lookup(keys[i], hashes[i]);
+    slots[i] = kNoSlot;
+    Megaflow* mf = emc_.lookup(keys[i], hashes[i], &slots[i]);
     mfs[i] = mf;
-    if (mf) __builtin_prefetch(mf);
-    else miss[n_miss++] = static_cast<uint8_t>(i);
+    if (mf) {
+      __builtin_prefetch(mf);
+      stamps[i] = emc_.stamp(slots[i]);
+    } else {
+      miss[n_miss++] = static_cast<uint8_t>(i);
+    }
   }
   counters.emc_hits += n - n_miss;
   if (profile_) {
@@ -313,7 +323,10 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       rng_ ^= rng_ << 13;
       rng_ ^= rng_ >> 7;
       rng_ ^= rng_ << 17;
-      if (rng_ % emc_inv_prob_ == 0) emc_.insert(keys[i], hashes[i], mf);
+      // A packet whose next pass after conntrack will be cached leaves the
+      // EMC to the keys that still need it.
+      if (rng_ % emc_inv_prob_ == 0 && !(pkts[i]->md.ct_state && pkts[i]->ct.resume))
+        emc_.insert(keys[i], hashes[i], mf);
     } else {
       up[n_up++] = static_cast<uint8_t>(i);
     }
@@ -395,6 +408,15 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       tenant_[p->origin] = tenant;
       tenants[tenant].rx_packets++;
       tenants[tenant].rx_bytes += p->len;
+    }
+    // Resuming after conntrack (ct_stage.cc): a packet the stage noted fills
+    // its slot's cache now; a packet whose key the EMC knows and whose
+    // megaflow is a lone ct(table=T) goes to the stage with its slot.
+    if (__builtin_expect(p->md.ct_state != 0 && p->ct.resume != 0, 0)) ct_fill_resume(p, mf, keys[i]);
+    if (__builtin_expect(mf != nullptr && mf->ct_resume, 0) && slots[i] != kNoSlot && p->md.ct_state == 0 &&
+        !trace_) {
+      ct_enqueue_resumable(p, mf->acts[0], slots[i], stamps[i]);
+      continue;
     }
     run_actions(p, keys[i], acts, n_acts, recirc);
   }

@@ -176,6 +176,32 @@ struct WorkerCounters {
   }
 };
 
+// The pass after conntrack of an established connection, cached (worker.cc,
+// "Resuming after conntrack"). One per EMC slot whose key's megaflow is a
+// lone ct(table=T) (Megaflow::ct_resume): the connection that key's packets
+// belonged to, the state they got, and the megaflow and key the next pass
+// found. The next pass's key is a function of the first pass's key, the
+// connection's translation (its keys) and its state, mark and label, so a
+// packet with the same key whose conntrack result is the same skips that
+// pass's parse and lookups.
+// The first line holds what every resumed packet reads (the connection, its
+// other key, the state, the megaflow); the label and key follow.
+struct alignas(64) CtResume {
+  Conn* conn = nullptr;
+  Megaflow* mf = nullptr;
+  uint32_t mark = 0;
+  uint8_t dir = 0, state = 0;
+  bool labelled = false;
+  CtKey other{};
+  u128 label = 0;
+  Flow key{};
+  bool same(const CtResult& r) const {
+    return r.conn == conn && r.dir == dir && r.state == state && r.mark == mark &&
+           (labelled ? r.label == label : r.label == 0);
+  }
+};
+static_assert(offsetof(CtResume, label) == 64, "the first line is what a resumed packet reads");
+
 constexpr int kMaxPasses = 8;
 constexpr uint32_t kChunk = 32;
 
@@ -239,7 +265,11 @@ class Worker {
   void emit(uint32_t port, Packet* p, bool counts_as_output);
   // conntrack (ct_stage.cc)
   void ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpAction* rest, size_t n_rest);
+  void ct_enqueue_resumable(Packet* p, const DpAction& a, uint32_t slot, uint32_t stamp);
   void conntrack_stage(std::vector<Packet*>& next);
+  void ct_note_resume(Packet* p, uint32_t slot, uint32_t stamp, const CtResult& r);
+  void ct_resume(Packet* p, const CtResume& e, std::vector<Packet*>& next);
+  void ct_fill_resume(Packet* p, Megaflow* mf, const Flow& key);
   void drop(Packet* p, uint16_t reason);
   void count_oversize(uint32_t port, uint32_t len);
   Packet* copy(Packet* p);
@@ -285,9 +315,25 @@ class Worker {
     const CtSpec* spec;
     const DpAction* rest;
     uint32_t n_rest;
-    uint32_t key;  // index in ct_keys_
+    uint32_t key;    // index in ct_keys_
+    uint32_t slot;   // 1 + the EMC slot of the pass's key when its megaflow is a lone ct(table=T), else 0
+    uint32_t stamp;  // that slot's stamp then
   };
   std::vector<CtJob> ct_jobs_;
+  std::vector<uint8_t> ct_known_;            // by job: its slot's cached connection is tried first
+  HugeArray<CtResume> ct_resume_{Emc::kEntries};
+  // Packets recirculated after conntrack whose next pass will be cached
+  // (Packet::ct.resume indexes this; cleared with every batch).
+  struct ResumeNote {
+    Packet* p;
+    uint32_t slot, stamp;
+    Conn* conn;
+    uint32_t mark;
+    uint8_t dir, state;
+    CtKey other;
+    u128 label;
+  };
+  std::vector<ResumeNote> resume_notes_;
   std::vector<Flow> ct_keys_;
   std::vector<CtPrep> ct_prep_;
   std::unique_ptr<CtWorker> ctw_;

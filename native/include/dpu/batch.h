@@ -61,6 +61,7 @@ struct CtPacketMeta {
   uint16_t tp_src = 0, tp_dst = 0; // original direction ports (ICMP: type, code), network order
   uint8_t proto = 0;               // 0: no tuple (untracked or invalid)
   uint8_t ipv6 = 0;
+  uint16_t resume = 0;             // the worker's note to cache this packet's next pass (1 + index), 0: none
 };
 
 // Line 0: metadata and offsets (all a pass reads); line 1: IPv6 tunnel

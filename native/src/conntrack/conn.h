@@ -121,7 +121,7 @@ struct alignas(64) Conn {
   uint8_t nat = 0;                   // kNatSrc / kNatDst
   std::atomic<uint8_t> state{0};     // UDP/ICMP: 0 first, 1 seen both ways; TCP: unused
   std::atomic<uint8_t> lock{0};      // spinlock for TCP state, label and mark writes
-  std::atomic<uint8_t> dead{0};      // unlinked (flush, expiry); never revived
+  std::atomic<uint8_t> dead{1};      // not in the table: not yet inserted (insert() clears it), or unlinked
   // ---- mutable state ---------------------------------------------------------------
   std::atomic<uint64_t> label_hi{0}, label_lo{0};  // the 128-bit ct_label
   TcpTrack tcp{};

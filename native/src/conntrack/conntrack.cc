@@ -173,6 +173,7 @@ bool Conntrack::insert(Conn* c, int64_t now, Conn** existing) {
     *existing = same;
     return false;
   }
+  c->dead.store(0, std::memory_order_release);  // published: keys, NAT and state are written
   link(&c->node[0], b0);
   link(&c->node[1], b1);
   unlock2(b0, b1);
@@ -240,7 +241,9 @@ void Conntrack::exec(Conn* c, const CtSpec& spec) const {
   c->spin_unlock();
 }
 
-void Conntrack::fill_result(const Conn* c, CtResult* r) const {
+void Conntrack::fill_result(Conn* c, int dir, CtResult* r) const {
+  r->conn = c;
+  r->dir = static_cast<uint8_t>(dir);
   r->mark = c->mark.load(std::memory_order_relaxed);
   r->label = (static_cast<u128>(c->label_hi.load(std::memory_order_relaxed)) << 64) |
              c->label_lo.load(std::memory_order_relaxed);
@@ -295,7 +298,8 @@ static bool build_conn(Conn* c, const CtPacket& cp, const NatRange& nat, bool dn
 // connection's translated tuple: it is found by the reverse of it, in the
 // other direction, and not translated twice (as Open vSwitch).
 void Conntrack::prepare(Packet* p, const CtSpec& spec, CtPrep* pr) const {
-  pr->cp = CtPacket();  // the slot is reused batch after batch: nothing of the last packet may stay
+  // The slot is reused batch after batch: ct_extract() writes every field a
+  // packet of its kind is read by.
   pr->natted = false;
   pr->prev_nat = 0;
   pr->ok = ct_extract(p, spec.zone, &pr->cp);
@@ -314,19 +318,40 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now,
 
 void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, int64_t now, bool dry_run,
                         CtResult* r) {
-  *r = CtResult();
+  r->reset();
   if (!pr.ok) {
     r->state = kCsTracked | kCsInvalid;
     return;
   }
-  CtPacket& cp = pr.cp;
-  r->before = cp.key;
-  r->after = cp.key;
-  const bool natted = pr.natted;
-  const uint8_t prev_nat = pr.prev_nat;
   int dir = 0;
   Conn* c = lookup(pr.key, pr.hash, now, &dir);
-  if (natted) dir = 1 - dir;
+  if (pr.natted) dir = 1 - dir;
+  decide(w, p, spec, pr.cp, pr.natted, pr.prev_nat, c, dir, now, dry_run, r);
+}
+
+// Only for an untracked packet (no earlier ct translated it). The
+// connection was live when this worker entered its read section, or it was
+// published since (alloc() keeps a connection dead until insert()), so its
+// keys are stable and its memory not reused before CtWorker::end(); keys
+// equal to the packet's tuple and to `other` make it the connection lookup()
+// would find, or one with the same keys and translation.
+bool Conntrack::execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtKey& other,
+                              int64_t now, CtResult* r) {
+  if (c->dead.load(std::memory_order_acquire) || c->expires.load(std::memory_order_relaxed) <= now) return false;
+  CtPacket cp;
+  if (!ct_extract(p, spec.zone, &cp) || cp.icmp_error) return false;
+  if (!ct_key_eq(c->key[dir], cp.key) || !ct_key_eq(c->key[1 - dir], other)) return false;
+  r->reset();
+  decide(w, p, spec, cp, false, 0, c, dir, now, false, r);
+  return true;
+}
+
+void Conntrack::decide(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp, bool natted, uint8_t prev_nat,
+                       Conn* c, int dir, int64_t now, bool dry_run, CtResult* r) {
+  if (dry_run) {  // what a trace shows; not written per packet otherwise
+    r->before = cp.key;
+    r->after = cp.key;
+  }
 
   if (cp.icmp_error) {  // related to the connection it quotes, or invalid
     if (!c) {
@@ -341,9 +366,9 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
       ct_nat_packet(*c, dir, &cp);
       r->nat_applied = c->nat;
       r->state |= nat_flags(c->nat, dir);
-      r->after = ct_key_reverse(c->key[1 - dir]);
+      if (dry_run) r->after = ct_key_reverse(c->key[1 - dir]);
     }
-    fill_result(c, r);
+    fill_result(c, dir, r);
     return;
   }
 
@@ -384,9 +409,9 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
         ct_nat_packet(*c, dir, &cp);
         r->nat_applied = c->nat;
         r->state |= nat_flags(c->nat, dir);
-        r->after = ct_key_reverse(c->key[1 - dir]);
+        if (dry_run) r->after = ct_key_reverse(c->key[1 - dir]);
       }
-      fill_result(c, r);
+      fill_result(c, dir, r);
       return;
     }
   }
@@ -492,9 +517,9 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
     ct_nat_packet(*c, 0, &cp);
     r->nat_applied = c->nat;
     r->state |= nat_flags(c->nat, 0);
-    r->after = ct_key_reverse(c->key[1]);
+    if (dry_run) r->after = ct_key_reverse(c->key[1]);
   }
-  fill_result(c, r);
+  fill_result(c, 0, r);
 }
 
 // ---- dumps -------------------------------------------------------------------------------------
@@ -638,6 +663,9 @@ Conn* CtWorker::alloc() {
     free_.pop_back();
   }
   unlock();
+  // Constructed dead (conn.h), never written 0 before insert() publishes
+  // it: a worker holding a stale pointer to this memory (execute_known) must
+  // not take it for a connection.
   new (c) Conn();
   return c;
 }

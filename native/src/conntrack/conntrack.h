@@ -80,18 +80,32 @@ struct CtZoneCfg {
   bool eif = false;             // endpoint-independent filtering (RFC 4787 REQ-8)
 };
 
-// What the conntrack stage did to one packet.
+// What the conntrack stage did to one packet. The tuples are written only
+// when they are meant to be read (orig with have_tuple; before and after in
+// a trace's dry run), so a result costs no 120-byte clear per packet.
 struct CtResult {
+  CtResult() {}
+  void reset() {
+    state = dir = 0;
+    drop = DROP_NONE;
+    mark = 0;
+    label = 0;
+    conn = nullptr;
+    have_tuple = created = false;
+    nat_applied = 0;
+  }
   uint8_t state = 0;            // kCs* bits
+  uint8_t dir = 0;              // the packet's direction in conn (0 original, 1 reply)
+  uint16_t drop = DROP_NONE;    // the packet must be dropped, and why
   uint32_t mark = 0;
   u128 label = 0;
-  uint16_t drop = DROP_NONE;    // the packet must be dropped, and why
+  Conn* conn = nullptr;         // the connection the packet belongs to, if any
   bool have_tuple = false;      // orig is the original-direction tuple
-  CtKey orig{};
   // for trace
   bool created = false;         // committed now
   uint8_t nat_applied = 0;      // kNatSrc / kNatDst on this packet
-  CtKey before{}, after{};      // the packet's tuple before and after NAT
+  CtKey orig;
+  CtKey before, after;          // the packet's tuple before and after NAT (dry run)
 };
 
 // A packet prepared for the stage (Conntrack::prepare): its tuple, the key it
@@ -181,6 +195,20 @@ class Conntrack {
   void prefetch_node(uint32_t hash) const;
   void execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, int64_t now, bool dry_run, CtResult* r);
   void execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r);
+  // The stage for an untracked packet whose connection the worker remembers
+  // (its cache of established connections, worker.h): `c` stands in for the
+  // lookup only if it is still live and its keys are the packet's tuple (in
+  // direction `dir`) and `other`; then the packet gets exactly what
+  // execute() would give it. False: `c` is not the packet's connection and
+  // nothing was done.
+  bool execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtKey& other,
+                     int64_t now, CtResult* r);
+  static void prefetch_conn(const Conn* c) {
+    const char* b = reinterpret_cast<const char*>(c);
+    __builtin_prefetch(b);
+    __builtin_prefetch(b + 64);
+    __builtin_prefetch(b + 128);
+  }
 
   // ---- dumps and counters (any thread) ---------------------------------------------------
   struct Entry {
@@ -245,7 +273,10 @@ class Conntrack {
   void release(uint16_t zone);
   Conn* create(CtWorker& w, const CtPacket& cp, const CtSpec& spec, const NatRange& nat, bool eif_target,
                uint32_t dnat_addr, uint16_t dnat_port, int64_t now, uint16_t* drop);
-  void fill_result(const Conn* c, CtResult* r) const;
+  void fill_result(Conn* c, int dir, CtResult* r) const;
+  // The decision for a packet once its connection (or none) is known.
+  void decide(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp, bool natted, uint8_t prev_nat, Conn* c,
+              int dir, int64_t now, bool dry_run, CtResult* r);
   void sweep_others(const CtWorker* self, int64_t now, size_t budget);
   Conn* alloc_chunk(std::vector<Conn*>* free_list);
 

@@ -120,6 +120,7 @@ bool ct_extract(Packet* p, uint16_t zone, CtPacket* cp) {
   CtKey& k = cp->key;
   std::memset(&k, 0, sizeof k);
   k.zone = zone;
+  cp->icmp_error = false;
   if (!parse_ip(ip, p->len - p->l3_ofs, false, &k, &cp->l4, &cp->l4_len)) return false;
   cp->l3 = ip;
   if (k.proto == kIpTcp) {

@@ -28,20 +28,24 @@ namespace dpu {
 
 enum : uint16_t { kTcpFin = 0x01, kTcpSyn = 0x02, kTcpRst = 0x04, kTcpPsh = 0x08, kTcpAck = 0x10, kTcpUrg = 0x20 };
 
+// Fields are written by ct_extract() as the packet has them: the TCP
+// fields for TCP, the inner ones for an ICMP error; nothing is cleared
+// beforehand (no 100-byte memset per packet).
 struct CtPacket {
-  CtKey key{};                 // the lookup key (an ICMP error: the reverse of its quote)
-  uint8_t* l3 = nullptr;
-  uint8_t* l4 = nullptr;
-  uint32_t l4_len = 0;         // L4 header and payload within the IP packet
+  CtPacket() {}
+  CtKey key;                   // the lookup key (an ICMP error: the reverse of its quote)
+  uint8_t* l3;
+  uint8_t* l4;
+  uint32_t l4_len;             // L4 header and payload within the IP packet
   bool icmp_error = false;
-  uint8_t* inner_l3 = nullptr; // the quoted packet (ICMP errors)
-  uint8_t* inner_l4 = nullptr;
-  uint32_t inner_l4_len = 0;   // quoted L4 bytes present
+  uint8_t* inner_l3;           // the quoted packet (ICMP errors)
+  uint8_t* inner_l4;
+  uint32_t inner_l4_len;       // quoted L4 bytes present
   // TCP
-  uint16_t tcp_flags = 0;
-  uint32_t seq = 0, ack = 0, payload = 0;
-  uint16_t win = 0;
-  int8_t wscale = -1;          // window scale option of a SYN, -1 if absent
+  uint16_t tcp_flags;
+  uint32_t seq, ack, payload;
+  uint16_t win;
+  int8_t wscale;               // window scale option of a SYN, -1 if absent
 };
 
 bool ct_extract(Packet* p, uint16_t zone, CtPacket* out);
