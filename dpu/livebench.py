@@ -13,6 +13,12 @@ what the blaster got into g0, so a result shows both the rate at overload
 and how much was offered. The raw ceiling is the same blaster into g0 with
 only a counting TPACKET_V3 receiver on in0.
 
+CPUs: with two or more, the blaster (and the kernel work its sends cause,
+which runs on the sending CPU) is pinned to the first CPU and the device
+under test (or the ceiling's receiver) to the others, so the generator never
+takes the device's core. A device with more threads than the remaining CPUs
+runs unpinned, and its result says so ("pinned": false).
+
 Everything lives in namespaces this module creates (names dpub<pid>-*) and
 deletes; nothing is configured in the machine's own namespace. Needs root.
 """
@@ -54,6 +60,9 @@ class Rig:
 
     def __init__(self, queues: int = 1) -> None:
         self.queues = queues
+        cpus = sorted(os.sched_getaffinity(0))
+        self.gen_cpus = cpus[:1] if len(cpus) >= 2 else []
+        self.dut_cpus = cpus[1:] if len(cpus) >= 2 else []
         if os.geteuid() != 0:
             raise BenchError("live benchmarks need root (network namespaces, AF_PACKET)")
         tag = f"dpub{os.getpid()}"
@@ -102,35 +111,53 @@ class Rig:
     def exec(self, where: str, *args: str) -> List[str]:
         return ["ip", "netns", "exec", self.ns[where], *args]
 
+    def pinned(self, cpus: List[int], *args: str) -> List[str]:
+        """args run on `cpus` only (taskset), or anywhere when there is no CPU to spare."""
+        return ["taskset", "-c", ",".join(map(str, cpus)), *args] if cpus else list(args)
+
+    def dut_pin(self, threads: int) -> List[int]:
+        """The CPUs a device under test with `threads` busy threads runs on: the generator's
+        are left out when the rest give each thread a CPU, else none (unpinned)."""
+        return self.dut_cpus if 0 < threads <= len(self.dut_cpus) else []
+
     def sink_rx(self) -> int:
         out = _sh("ip", "-n", self.ns["sink"], "-s", "-j", "link", "show", "s0").stdout
         return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
 
     def blaster(self, pcap: str, seconds: float) -> subprocess.Popen:
-        return subprocess.Popen(self.exec("gen", sys.executable, "-m", "dpu.traffic", "blast", "--if", "g0", "--pcap",
-                                          pcap, "--seconds", str(seconds)), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(self.exec("gen", *self.pinned(self.gen_cpus, sys.executable, "-m", "dpu.traffic",
+                                                              "blast", "--if", "g0", "--pcap", pcap, "--seconds",
+                                                              str(seconds))),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def raw_ceiling(self, pcap: str, seconds: float = MEASURE_S) -> dict:
         """Blaster into g0, a counting receiver on in0 (what one core reads from a veth)."""
-        counter = subprocess.Popen(self.exec("dut", sys.executable, "-m", "dpu.traffic", "count", "--if", "in0",
-                                             "--seconds", str(seconds + WARM_S)), stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
+        counter = subprocess.Popen(self.exec("dut", *self.pinned(self.dut_pin(1), sys.executable, "-m", "dpu.traffic",
+                                                                 "count", "--if", "in0", "--seconds",
+                                                                 str(seconds + WARM_S))),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(0.3)
         b = self.blaster(pcap, seconds + WARM_S)
         sent = _json(b)
         got = _json(counter)
         return {"offered_mpps": round(sent["pps"] / 1e6, 3), "mpps": round(got["pps"] / 1e6, 3)}
 
-    def forwarded(self, pcap: str, seconds: float = MEASURE_S) -> dict:
-        """The blaster into g0 for warm-up + seconds; the sink's count over the last `seconds`."""
+    def forwarded(self, pcap: str, seconds: float = MEASURE_S, busy=None) -> dict:
+        """The blaster into g0 for warm-up + seconds; the sink's count over the last `seconds`.
+        `busy()`, when given, returns the device's (busy ns, busy + idle ns) so far: their
+        share over the same window is its load at the rate it forwarded."""
         b = self.blaster(pcap, WARM_S + seconds + 0.5)
         time.sleep(WARM_S)
+        b0 = busy() if busy else None
         c0, t0 = self.sink_rx(), time.monotonic()
         time.sleep(seconds)
         c1, t1 = self.sink_rx(), time.monotonic()
+        b1 = busy() if busy else None
         sent = _json(b)
-        return {"mpps": round((c1 - c0) / (t1 - t0) / 1e6, 3), "offered_mpps": round(sent["pps"] / 1e6, 3)}
+        out = {"mpps": round((c1 - c0) / (t1 - t0) / 1e6, 3), "offered_mpps": round(sent["pps"] / 1e6, 3)}
+        if b0 and b1 and b1[1] > b0[1]:
+            out["busy_ratio"] = round((b1[0] - b0[0]) / (b1[1] - b0[1]), 3)
+        return out
 
 
 def _json(p: subprocess.Popen) -> dict:
@@ -217,7 +244,8 @@ class DpuRun:
     """``dpu run`` in the dut namespace."""
 
     def __init__(self, rig: Rig, scenario: str, workers: int = 1, io: str = "afpacket") -> None:
-        args = ["--port", "in0=in0", "--port", "out0=out0", "--no-ctl", "--workers", str(workers), "--io", io]
+        self.ctl = os.path.join(rig.tmp, f"dpu-{len(os.listdir(rig.tmp))}.ctl")
+        args = ["--port", "in0=in0", "--port", "out0=out0", "--ctl", self.ctl, "--workers", str(workers), "--io", io]
         if scenario == "vxlan":
             path = os.path.join(rig.tmp, "topo.yaml")
             with open(path, "w") as f:
@@ -228,7 +256,9 @@ class DpuRun:
             with open(path, "w") as f:
                 f.write("\n".join(l3_flows() if scenario == "l3" else snat_flows()) + "\n")
             args += ["--flows", path]
-        self.proc = subprocess.Popen(rig.exec("dut", sys.executable, "-m", "dpu.cli", "run", *args),
+        self.cpus = rig.dut_pin(workers)
+        self.proc = subprocess.Popen(rig.exec("dut", *rig.pinned(self.cpus, sys.executable, "-m", "dpu.cli", "run",
+                                                                 *args)),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         while True:
             line = self.proc.stderr.readline()
@@ -236,6 +266,13 @@ class DpuRun:
                 raise BenchError(f"dpu run did not start: {self.proc.communicate()[1]}")
             if line.startswith("dpu: forwarding on"):
                 break
+
+    def busy(self):
+        """The forwarding workers' busy and busy + idle time so far (ns, summed)."""
+        from .control import call
+
+        ws = call(self.ctl, "stats")["workers"][1:]  # worker 0 is the API's
+        return sum(w["busy_ns"] for w in ws), sum(w["busy_ns"] + w["idle_ns"] for w in ws)
 
     def close(self) -> str:
         self.proc.send_signal(signal.SIGTERM)
@@ -262,8 +299,13 @@ class OvsRun:
                                        env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
         self._wait(lambda: os.path.exists(sock), "ovsdb-server")
         self.vsctl("--no-wait", "init")
-        self.procs.append(subprocess.Popen(rig.exec("dut", "ovs-vswitchd", f"unix:{sock}", f"--unixctl={d}/vswitchd.ctl",
-                                                    f"--log-file={d}/vswitchd.log"),
+        self.cpus = rig.dut_pin(1)  # one PMD thread (pmd-cpu-mask), or the main thread for system ports
+        if self.cpus:
+            self.vsctl("--no-wait", "set", "Open_vSwitch", ".",
+                       f"other_config:pmd-cpu-mask={sum(1 << c for c in self.cpus):#x}")
+        self.procs.append(subprocess.Popen(rig.exec("dut", *rig.pinned(self.cpus, "ovs-vswitchd", f"unix:{sock}",
+                                                                       f"--unixctl={d}/vswitchd.ctl",
+                                                                       f"--log-file={d}/vswitchd.log")),
                                            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         self._wait(lambda: os.path.exists(f"{d}/vswitchd.ctl"), "ovs-vswitchd")
         self.vsctl("add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev")
@@ -336,11 +378,20 @@ def _median(values: List[float]) -> float:
 def measure(rig: Rig, dut_factory, pcap: str, repeat: int) -> dict:
     dut = dut_factory()
     try:
-        runs = [rig.forwarded(pcap) for _ in range(repeat)]
+        runs = [rig.forwarded(pcap, busy=getattr(dut, "busy", None)) for _ in range(repeat)]
     finally:
         dut.close()
-    return {"mpps": _median([r["mpps"] for r in runs]), "offered_mpps": _median([r["offered_mpps"] for r in runs]),
-            "runs_mpps": [r["mpps"] for r in runs]}
+    res = {"mpps": _median([r["mpps"] for r in runs]), "offered_mpps": _median([r["offered_mpps"] for r in runs]),
+           "runs_mpps": [r["mpps"] for r in runs], "pinned": bool(dut.cpus), "gen_cpus": rig.gen_cpus,
+           "dut_cpus": dut.cpus}
+    busy = [r["busy_ratio"] for r in runs if r.get("busy_ratio")]
+    if busy:
+        # The load at the forwarded rate, and the rate it points to at full load: an
+        # estimate (smaller batches at a lower rate cost more per packet), for when the
+        # generator cannot offer more than the device forwards.
+        res["busy_ratio"] = _median(busy)
+        res["saturation_mpps_est"] = round(res["mpps"] / res["busy_ratio"], 3)
+    return res
 
 
 def run_live(name: str, repeat: int = 3, workers=(1, 2), io=("afpacket",), flows=FLOW_COUNTS, ovs: bool = False):
@@ -379,7 +430,11 @@ def render(res: dict) -> str:
         return f"{res['scenario']:<11} {res['dut']:<4} {res['io']:<8} flows={res['flows']}: {res['error']}"
     return (f"{res['scenario']:<11} {res['dut']:<4} {res['io']:<8} workers={res['workers']} flows={res['flows']:<6} "
             f"{res['mpps']:6.3f} Mpps forwarded (offered {res['offered_mpps']:.3f}, raw ceiling "
-            f"{res['raw_ceiling_mpps']:.3f})")
+            f"{res['raw_ceiling_mpps']:.3f}; "
+            + (f"cpus {','.join(map(str, res['dut_cpus']))}, generator on {','.join(map(str, res['gen_cpus']))})"
+               if res.get("pinned") else "unpinned)")
+            + (f"; workers {res['busy_ratio']:.0%} busy: about {res['saturation_mpps_est']:.3f} Mpps at full load"
+               if res.get("busy_ratio") else ""))
 
 
 __all__ = ["LIVE_SCENARIOS", "Rig", "DpuRun", "OvsRun", "run_live", "render", "BenchError"]
