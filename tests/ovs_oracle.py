@@ -393,7 +393,18 @@ class OvsOracle:
             self.check_alive()
             raise
         self.packets_injected += 1
-        return self.collect()
+        out = self.collect()
+        if not out:
+            # Nothing yet: a translation of thousands of resubmits on a loaded machine
+            # was once seen to write its output after the barrier's reply. Two more
+            # barriers, the second after a pause, before taking "nothing" for an answer.
+            for pause in (0.0, 0.02):
+                time.sleep(pause)
+                self.of.barrier()
+                out = self.collect()
+                if out:
+                    break
+        return out
 
     def collect(self) -> Dict[str, List[bytes]]:
         out: Dict[str, List[bytes]] = {}

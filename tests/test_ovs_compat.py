@@ -121,6 +121,7 @@ def compare(ovs: OvsOracle, flows: Sequence[str], groups: Sequence[str], packets
             if k < len(g):
                 msg.append(f"  dpu #{k}: {g[k].hex()}\n{_show(g[k])}")
         msg.append("OVS ofproto/trace:\n" + ovs.trace(port, data))
+        msg.append("ovs-vswitchd log (end):\n" + ovs.log_tail("ovs-vswitchd", 1500))
         try:
             dp = Dataplane(ports=PORTS)
             with dp.transaction() as t:
