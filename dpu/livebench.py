@@ -333,7 +333,8 @@ class OvsRun:
         self.vsctl("add-port", "br-phy", "out0")
         self.vsctl("add-port", "br0", "vx0", "--", "set", "interface", "vx0", "type=vxlan",
                    "options:remote_ip=flow", "options:key=flow", "options:local_ip=192.0.2.1")
-        _sh(*self.rig.exec("dut", "ip", "addr", "add", "192.0.2.1/24", "dev", "br-phy"))
+        # replace, not add: br-phy (a tap device) may outlive an earlier run in this namespace
+        _sh(*self.rig.exec("dut", "ip", "addr", "replace", "192.0.2.1/24", "dev", "br-phy"))
         _sh(*self.rig.exec("dut", "ip", "link", "set", "br-phy", "up"))
         self.appctl("ovs/route/add", "192.0.2.0/24", "br-phy")
         self.appctl("tnl/neigh/set", "br-phy", "192.0.2.2", SINK_MAC)
