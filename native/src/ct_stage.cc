@@ -29,7 +29,7 @@ void Worker::ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpA
 }
 
 void Worker::ct_enqueue_resumable(Packet* p, const DpAction& a, uint32_t slot, uint32_t stamp) {
-  __builtin_prefetch(&ct_resume_[slot]);  // read at the stage, if the slot resumes
+  if (ct_resume_) __builtin_prefetch(&(*ct_resume_)[slot]);  // read at the stage, if the slot resumes
   ct_jobs_.push_back(CtJob{p, a.ct, nullptr, 0, 0, slot + 1, stamp});
 }
 
@@ -103,7 +103,8 @@ void Worker::ct_fill_resume(Packet* p, Megaflow* mf, const Flow& key) {
   note.p = nullptr;
   if (!mf || mf->recirculates) return;  // not installed; or its actions would make passes a cache cannot count
   if (emc_.stamp(note.slot) != note.stamp) return;  // the slot holds another key now
-  CtResume& e = ct_resume_[note.slot];
+  if (!ct_resume_) ct_resume_ = std::make_unique<HugeArray<CtResume>>(Emc::kEntries);
+  CtResume& e = (*ct_resume_)[note.slot];
   e.conn = note.conn;
   e.mf = mf;
   e.mark = note.mark;
@@ -153,7 +154,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     const CtJob& job = ct_jobs_[j];
     ct_known_[j] = job.slot && emc_.resumes(job.slot - 1, job.stamp);
     if (ct_known_[j]) {
-      __builtin_prefetch(&ct_resume_[job.slot - 1]);
+      __builtin_prefetch(&(*ct_resume_)[job.slot - 1]);
       continue;
     }
     ct.prepare(job.p, *job.spec, &ct_prep_[j]);
@@ -161,7 +162,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   }
   for (size_t j = 0; j < n; j++) {
     if (ct_known_[j]) {
-      const CtResume& e = ct_resume_[ct_jobs_[j].slot - 1];
+      const CtResume& e = (*ct_resume_)[ct_jobs_[j].slot - 1];
       Conntrack::prefetch_conn(e.conn);
       __builtin_prefetch(e.mf);
     } else if (ct_prep_[j].ok) {
@@ -175,7 +176,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     CtResult r;
     const CtResume* known = nullptr;
     if (j < n && ct_known_[j]) {
-      const CtResume& e = ct_resume_[job.slot - 1];
+      const CtResume& e = (*ct_resume_)[job.slot - 1];
       if (ct.execute_known(*ctw_, job.p, *job.spec, e.conn, e.dir, e.other, now, &r)) known = &e;
       else ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);
     } else if (j < n) {

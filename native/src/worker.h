@@ -321,7 +321,9 @@ class Worker {
   };
   std::vector<CtJob> ct_jobs_;
   std::vector<uint8_t> ct_known_;            // by job: its slot's cached connection is tried first
-  HugeArray<CtResume> ct_resume_{Emc::kEntries};
+  // By EMC slot; allocated by the first fill (a worker that never resumes,
+  // such as a trace's, never pays for its 2.5 MiB).
+  std::unique_ptr<HugeArray<CtResume>> ct_resume_;
   // Packets recirculated after conntrack whose next pass will be cached
   // (Packet::ct.resume indexes this; cleared with every batch).
   struct ResumeNote {
