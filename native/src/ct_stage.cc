@@ -125,15 +125,8 @@ void Worker::ct_resume(Packet* p, const CtResume& e, std::vector<Packet*>& next)
   counters.emc_hits++;
   counters.ct_resumed++;
   recirculated_ = true;
-  mf->n_packets.store(mf->n_packets.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  mf->n_bytes.store(mf->n_bytes.load(std::memory_order_relaxed) + p->len, std::memory_order_relaxed);
-  const uint16_t tenant = mf->tenant;
-  if (tenant && !p->md.tenant && tenant < tenants.size()) {
-    p->md.tenant = tenant;
-    tenant_[p->origin] = tenant;
-    tenants[tenant].rx_packets++;
-    tenants[tenant].rx_bytes += p->len;
-  }
+  mf->count(p->len);
+  enter_tenant(p, mf->tenant);
   run_actions_nested(p, e.key, mf->acts, mf->n_acts, next);
 }
 
@@ -153,10 +146,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   for (size_t j = 0; j < n; j++) {
     const CtJob& job = ct_jobs_[j];
     ct_known_[j] = job.slot && emc_.resumes(job.slot - 1, job.stamp);
-    if (ct_known_[j]) {
-      __builtin_prefetch(&(*ct_resume_)[job.slot - 1]);
-      continue;
-    }
+    if (ct_known_[j]) continue;  // its entry was prefetched when the job was queued
     ct.prepare(job.p, *job.spec, &ct_prep_[j]);
     if (ct_prep_[j].ok) ct.prefetch_head(ct_prep_[j].hash);
   }

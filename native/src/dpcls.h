@@ -42,6 +42,11 @@ struct alignas(64) Megaflow {
   const DpAction* acts = nullptr;
   uint32_t n_acts = 0;
   uint16_t tenant = 0;
+  // One packet of `len` bytes (its worker is the only writer).
+  void count(uint32_t len) {
+    n_packets.store(n_packets.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    n_bytes.store(n_bytes.load(std::memory_order_relaxed) + len, std::memory_order_relaxed);
+  }
   // The actions are one ct(table=T) and nothing else: the pass after it may
   // be answered from the worker's cache of established connections.
   bool ct_resume = false;

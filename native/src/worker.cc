@@ -384,8 +384,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     if (!mf) continue;
     const Packet* p = pkts[i];
     __builtin_prefetch(mf->acts);
-    mf->n_packets.store(mf->n_packets.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-    mf->n_bytes.store(mf->n_bytes.load(std::memory_order_relaxed) + p->len, std::memory_order_relaxed);
+    mf->count(p->len);
   }
   for (uint32_t i = 0; i < n; i++) {
     Packet* p = pkts[i];
@@ -403,12 +402,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       n_acts = xo.actions.size();
       tenant = xo.tenant;
     }
-    if (tenant && !p->md.tenant && tenant < tenants.size()) {
-      p->md.tenant = tenant;
-      tenant_[p->origin] = tenant;
-      tenants[tenant].rx_packets++;
-      tenants[tenant].rx_bytes += p->len;
-    }
+    enter_tenant(p, tenant);
     // Resuming after conntrack (ct_stage.cc): a packet the stage noted fills
     // its slot's cache now; a packet whose key the EMC knows and whose
     // megaflow is a lone ct(table=T) goes to the stage with its slot.
@@ -421,6 +415,14 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     run_actions(p, keys[i], acts, n_acts, recirc);
   }
   if (profile_) counters.cycles[STAGE_EXECUTE] += cycles_now() - t0;
+}
+
+void Worker::enter_tenant(Packet* p, uint16_t tenant) {
+  if (!tenant || p->md.tenant || tenant >= tenants.size()) return;
+  p->md.tenant = tenant;
+  tenant_[p->origin] = tenant;
+  tenants[tenant].rx_packets++;
+  tenants[tenant].rx_bytes += p->len;
 }
 
 void Worker::emit(uint32_t port, Packet* p, bool counts_as_output) {

@@ -262,6 +262,8 @@ class Worker {
   __attribute__((always_inline)) inline void run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n,
                                                          std::vector<Packet*>& recirc);
   void run_actions_nested(Packet* p, const Flow& key, const DpAction* a, size_t n, std::vector<Packet*>& recirc);
+  // The packet enters `tenant` (its megaflow's) unless it already belongs to one: rx counts.
+  void enter_tenant(Packet* p, uint16_t tenant);
   void emit(uint32_t port, Packet* p, bool counts_as_output);
   // conntrack (ct_stage.cc)
   void ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpAction* rest, size_t n_rest);
