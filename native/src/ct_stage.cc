@@ -137,20 +137,24 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   // when that is ahead (a replay follows its capture's time).
   const int64_t now = ct.now(dp_->now_ns(), static_cast<int64_t>(max_ts_));
   const bool dry_run = trace_ != nullptr;
-  // The batch's chains are fetched before any is walked: every packet's
-  // chain head, then every chain's first connection, then the decisions.
-  // A job whose slot has a cached connection fetches that instead.
+  // Memory latency is overlapped by a software pipeline over the batch's
+  // jobs: a job is prepared and its chain head fetched kHeadAhead jobs
+  // before it is executed, and the head's first connection kNodeAhead jobs
+  // before. A job whose slot has a cached connection fetches that instead.
+  // (Fetching every head of a 256-packet batch at once would push the first
+  // ones out of L1 before they are used.)
+  constexpr size_t kHeadAhead = 8, kNodeAhead = 4;
   const size_t n = ct_jobs_.size();
   if (ct_prep_.size() < n) ct_prep_.resize(n);
   if (ct_known_.size() < n) ct_known_.resize(n);
-  for (size_t j = 0; j < n; j++) {
+  auto fetch_head = [&](size_t j) {
     const CtJob& job = ct_jobs_[j];
     ct_known_[j] = job.slot && emc_.resumes(job.slot - 1, job.stamp);
-    if (ct_known_[j]) continue;  // its entry was prefetched when the job was queued
+    if (ct_known_[j]) return;  // its entry was prefetched when the job was queued
     ct.prepare(job.p, *job.spec, &ct_prep_[j]);
     if (ct_prep_[j].ok) ct.prefetch_head(ct_prep_[j].hash);
-  }
-  for (size_t j = 0; j < n; j++) {
+  };
+  auto fetch_node = [&](size_t j) {
     if (ct_known_[j]) {
       const CtResume& e = (*ct_resume_)[ct_jobs_[j].slot - 1];
       Conntrack::prefetch_conn(e.conn);
@@ -158,10 +162,14 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     } else if (ct_prep_[j].ok) {
       ct.prefetch_node(ct_prep_[j].hash);
     }
-  }
+  };
+  for (size_t j = 0; j < std::min(n, kHeadAhead); j++) fetch_head(j);
+  for (size_t j = 0; j < std::min(n, kNodeAhead); j++) fetch_node(j);
   // A continuation may hand its packet to conntrack again: those jobs join
   // this same stage (prepared when they come up).
   for (size_t j = 0; j < ct_jobs_.size(); j++) {
+    if (j + kHeadAhead < n) fetch_head(j + kHeadAhead);
+    if (j + kNodeAhead < n) fetch_node(j + kNodeAhead);
     const CtJob job = ct_jobs_[j];
     CtResult r;
     const CtResume* known = nullptr;

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -139,5 +140,6 @@ struct alignas(64) Conn {
   static Conn* of(const CtNode* n) { return reinterpret_cast<Conn*>(const_cast<CtNode*>(n - n->dir)); }
 };
 static_assert(sizeof(Conn) == 192, "a connection is three cache lines");
+static_assert(offsetof(Conn, node) == 0 && sizeof(CtNode) * 2 <= 64, "both nodes are in the first line");
 
 }  // namespace dpu

@@ -110,7 +110,9 @@ void Conntrack::prefetch_node(uint32_t hash) const {
   if (!h) return;
   CtNode* n = h[hash & mask_].load(std::memory_order_relaxed);
   if (!n) return;
-  const char* c = reinterpret_cast<const char*>(Conn::of(n));
+  // Both nodes sit in a connection's first line (conn.h): the connection
+  // is the line the node is in, found without reading the node.
+  const char* c = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(n) & ~uintptr_t{63});
   __builtin_prefetch(c);        // nodes, original key
   __builtin_prefetch(c + 64);   // reply key, expiry, NAT
   __builtin_prefetch(c + 128);  // protocol state and timeout class, which a hit updates
