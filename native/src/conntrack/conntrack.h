@@ -109,8 +109,8 @@ struct CtResult {
 };
 
 // A packet prepared for the stage (Conntrack::prepare): its tuple, the key it
-// is looked up by and that key's hash, so that a batch's chains can be
-// prefetched before any is walked.
+// is looked up by and that key's hash, so that its chain can be prefetched
+// a few packets before it is walked.
 struct CtPrep {
   CtPacket cp;
   CtKey key;            // the lookup key: the tuple, or its reverse for a packet already translated
@@ -187,9 +187,10 @@ class Conntrack {
   std::unique_ptr<CtWorker> attach();
 
   // ---- the stage (worker, between CtWorker::begin and end) --------------------------------
-  // A batch goes through in steps so that memory latency overlaps: prepare
-  // every packet and prefetch its chain head, then prefetch the first node
-  // of every chain, then execute each.
+  // A batch goes through as a pipeline so that memory latency overlaps
+  // (ct_stage.cc): a packet is prepared and its chain head prefetched some
+  // packets before its turn, the chain's first connection a few before,
+  // then it is executed.
   void prepare(Packet* p, const CtSpec& spec, CtPrep* pr) const;
   void prefetch_head(uint32_t hash) const;
   void prefetch_node(uint32_t hash) const;
