@@ -939,6 +939,29 @@ def test_global_connection_limit():
     assert translated(dp, udp(SERVER, 53, PUBLIC, 5001), "out")[1][IP].dst == CLIENT
 
 
+def test_table_full_to_its_limit_finds_every_connection():
+    """1,024 connections in the smallest table (512 buckets of seven entries
+    for 2,048 keys: some buckets overflow into their chains). Every reply
+    finds its connection and is translated back, the dump lists each once,
+    the next connection is refused, and after a flush none is left."""
+    dp = snat_dp()
+    dp.ct_config(max_connections=1024)
+    outs = dp.process([udp(CLIENT, 1024 + i, SERVER, 53) for i in range(1024)], in_port="in")
+    sports = sorted(Ether(o.data)[UDP].sport for o in outs if o.port == "out")
+    assert sports == list(range(1024, 2048))  # each kept its port
+    assert forwarded(send(dp, udp(CLIENT, 3000, SERVER, 53), "in")) == []
+    assert drops(dp, "in") == {"ct_table_full": 1}
+    replies = dp.process([udp(SERVER, 53, PUBLIC, 1024 + i) for i in range(1024)], in_port="out")
+    back = sorted((Ether(o.data)[IP].dst, Ether(o.data)[UDP].dport) for o in replies if o.port == "in")
+    assert back == [(CLIENT, 1024 + i) for i in range(1024)]
+    entries = dp.conntrack()
+    assert len(entries) == 1024 and len({str(e.orig) for e in entries}) == 1024
+    assert dp.ct_flush() == 1024
+    assert dp.conntrack() == [] and dp.stats()["conntrack"]["connections"] == 0
+    assert [o for o in dp.process([udp(SERVER, 53, PUBLIC, 1024 + i) for i in range(8)], in_port="out")
+            if o.port == "in"] == []
+
+
 def test_syn_flood_in_one_zone_leaves_another_alone():
     dp = _two_zone_dp()
     with dp.transaction() as t:

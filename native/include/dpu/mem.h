@@ -77,6 +77,42 @@ inline void* huge_alloc(size_t bytes) {
   return p;
 }
 
+// Zero-filled memory like huge_alloc(), for tables too big to clear on the
+// packet path that created them (the conntrack table: tens of MiB at its
+// first connection): fresh anonymous pages, zeroed by the kernel when first
+// touched. Released with huge_free_zeroed(p, bytes).
+inline void* huge_alloc_zeroed(size_t bytes) {
+#if defined(__linux__)
+  constexpr size_t kHuge = 2u << 20;
+  const size_t n = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* m = mmap(nullptr, n + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t a = reinterpret_cast<uintptr_t>(m);
+  const uintptr_t start = (a + kHuge - 1) & ~(kHuge - 1);  // 2 MiB aligned; the rest is given back
+  if (start > a) munmap(m, start - a);
+  if (a + kHuge > start) munmap(reinterpret_cast<void*>(start + n), a + kHuge - start);
+#if defined(MADV_HUGEPAGE)
+  madvise(reinterpret_cast<void*>(start), n, MADV_HUGEPAGE);
+#endif
+  return reinterpret_cast<void*>(start);
+#else
+  void* p = std::calloc(1, bytes);
+  if (!p) throw std::bad_alloc();
+  return p;
+#endif
+}
+
+inline void huge_free_zeroed(void* p, size_t bytes) {
+  if (!p) return;
+#if defined(__linux__)
+  constexpr size_t kHuge = 2u << 20;
+  munmap(p, (bytes + kHuge - 1) / kHuge * kHuge);
+#else
+  (void)bytes;
+  std::free(p);
+#endif
+}
+
 template <class T>
 struct HugeArray {
   explicit HugeArray(size_t n) : n_(n), p_(static_cast<T*>(huge_alloc(n * sizeof(T)))) {

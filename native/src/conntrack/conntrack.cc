@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <new>
+#include <type_traits>
 
 #include "dpu/mem.h"
 
@@ -30,7 +31,9 @@ uint8_t nat_flags(uint8_t conn_nat, int dir) {
 
 Conntrack::Conntrack() : stripes_(new Stripe[kStripes]), zones_(new ZoneState[65536]) { set_config(CtConfig()); }
 
-Conntrack::~Conntrack() = default;  // workers detach first (they belong to the dataplane's workers)
+Conntrack::~Conntrack() {  // workers detach first (they belong to the dataplane's workers)
+  if (Bucket* bs = buckets()) huge_free_zeroed(bs, (static_cast<size_t>(mask_) + 1) * sizeof(Bucket));
+}
 
 void Conntrack::set_config(const CtConfig& c) {
   for (int i = 0; i < TM_COUNT; i++) timeout_ns_[i].store(c.timeout_ns[i], std::memory_order_relaxed);
@@ -88,40 +91,52 @@ void Conntrack::sweep_others(const CtWorker* self, int64_t now, size_t budget) {
 // ---- the table -------------------------------------------------------------------------------
 
 void Conntrack::ensure_table() {
-  if (heads()) return;
+  if (buckets()) return;
   std::lock_guard<std::mutex> g(table_mu_);
-  if (heads()) return;
-  uint32_t n = 1024;
-  while (n < max_conns_.load(std::memory_order_relaxed) && n < (1u << 30)) n <<= 1;
-  heads_mem_.reset(huge_alloc(static_cast<size_t>(n) * sizeof(std::atomic<CtNode*>)));
-  auto* h = static_cast<std::atomic<CtNode*>*>(heads_mem_.get());
-  for (uint32_t i = 0; i < n; i++) new (&h[i]) std::atomic<CtNode*>(nullptr);
+  if (buckets()) return;
+  uint32_t n = 512;
+  while (n < max_conns_.load(std::memory_order_relaxed) / 2 && n < (1u << 29)) n <<= 1;
+  // All-zero memory is a table of empty buckets (lock-free atomics of
+  // words and pointers): nothing is cleared here, on the first connection's
+  // packet path; pages are zeroed as they are first touched.
+  static_assert(std::is_trivially_destructible<Bucket>::value, "buckets are released as raw memory");
+  auto* bs = static_cast<Bucket*>(huge_alloc_zeroed(static_cast<size_t>(n) * sizeof(Bucket)));
   mask_ = n - 1;
-  heads_.store(h, std::memory_order_release);
+  buckets_.store(bs, std::memory_order_release);
 }
 
 void Conntrack::prefetch_head(uint32_t hash) const {
-  std::atomic<CtNode*>* h = heads();
-  if (h) __builtin_prefetch(&h[hash & mask_]);
+  Bucket* bs = buckets();
+  if (bs) __builtin_prefetch(&bs[hash & mask_]);
 }
 
 void Conntrack::prefetch_node(uint32_t hash) const {
-  std::atomic<CtNode*>* h = heads();
-  if (!h) return;
-  CtNode* n = h[hash & mask_].load(std::memory_order_relaxed);
-  if (!n) return;
-  // Both nodes sit in a connection's first line (conn.h): the connection
-  // is the line the node is in, found without reading the node.
-  const char* c = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(n) & ~uintptr_t{63});
-  __builtin_prefetch(c);        // nodes, original key
-  __builtin_prefetch(c + 64);   // reply key, expiry, NAT
-  __builtin_prefetch(c + 128);  // protocol state and timeout class, which a hit updates
+  Bucket* bs = buckets();
+  if (!bs) return;
+  const Bucket& b = bs[hash & mask_];
+  const uint64_t tag = tag_of(hash);
+  for (const auto& s : b.slot) {
+    const uint64_t e = s.load(std::memory_order_relaxed);
+    if (e && (e >> kTagShift) == tag) prefetch_conn(conn_of(e));
+  }
 }
 
 Conn* Conntrack::lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const {
-  std::atomic<CtNode*>* hs = heads();
-  if (!hs) return nullptr;
-  for (CtNode* n = hs[h & mask_].load(std::memory_order_acquire); n; n = n->next.load(std::memory_order_acquire)) {
+  Bucket* bs = buckets();
+  if (!bs) return nullptr;
+  const Bucket& b = bs[h & mask_];
+  const uint64_t tag = tag_of(h);
+  for (const auto& s : b.slot) {
+    const uint64_t e = s.load(std::memory_order_acquire);
+    if (!e || (e >> kTagShift) != tag) continue;
+    Conn* c = conn_of(e);
+    const int d = static_cast<int>(e & 1);
+    if (ct_key_eq(c->key[d], k) && live(c, now)) {
+      *dir = d;
+      return c;
+    }
+  }
+  for (CtNode* n = b.chain.load(std::memory_order_acquire); n; n = n->next.load(std::memory_order_acquire)) {
     if (n->hash != h) continue;
     Conn* c = Conn::of(n);
     if (ct_key_eq(c->key[n->dir], k) && live(c, now)) {
@@ -130,6 +145,15 @@ Conn* Conntrack::lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const
     }
   }
   return nullptr;
+}
+
+template <class F>
+void Conntrack::for_each_node(const Bucket& b, F&& f) const {
+  for (const auto& s : b.slot) {
+    const uint64_t e = s.load(std::memory_order_relaxed);
+    if (e) f(&conn_of(e)->node[e & 1]);
+  }
+  for (CtNode* n = b.chain.load(std::memory_order_relaxed); n; n = n->next.load(std::memory_order_relaxed)) f(n);
 }
 
 void Conntrack::lock2(uint32_t b0, uint32_t b1) {
@@ -146,14 +170,29 @@ void Conntrack::unlock2(uint32_t b0, uint32_t b1) {
 }
 
 void Conntrack::link(CtNode* n, uint32_t b) {
-  std::atomic<CtNode*>& head = heads()[b];
-  n->next.store(head.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  head.store(n, std::memory_order_release);
+  Bucket& bk = buckets()[b];
+  const uint64_t e = entry_of(n, n->hash);
+  for (auto& s : bk.slot) {
+    if (s.load(std::memory_order_relaxed) == 0) {
+      s.store(e, std::memory_order_release);
+      return;
+    }
+  }
+  n->next.store(bk.chain.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  bk.chain.store(n, std::memory_order_release);
 }
 
-// The removed node keeps its next pointer, so a reader standing on it walks on.
+// A removed chain node keeps its next pointer, so a reader standing on it walks on.
 void Conntrack::unlink(CtNode* n, uint32_t b) {
-  std::atomic<CtNode*>* prev = &heads()[b];
+  Bucket& bk = buckets()[b];
+  const uint64_t e = entry_of(n, n->hash);
+  for (auto& s : bk.slot) {
+    if (s.load(std::memory_order_relaxed) == e) {
+      s.store(0, std::memory_order_release);
+      return;
+    }
+  }
+  std::atomic<CtNode*>* prev = &bk.chain;
   for (CtNode* cur = prev->load(std::memory_order_relaxed); cur; cur = cur->next.load(std::memory_order_relaxed)) {
     if (cur == n) {
       prev->store(n->next.load(std::memory_order_relaxed), std::memory_order_release);
@@ -257,6 +296,8 @@ Conn* Conntrack::alloc_chunk(std::vector<Conn*>* free_list) {
   std::lock_guard<std::mutex> g(table_mu_);
   chunks_.emplace_back(huge_alloc(kChunkBytes));
   Conn* base = static_cast<Conn*>(chunks_.back().get());
+  // A bucket entry keeps a connection's address in its low 47 bits.
+  if (reinterpret_cast<uintptr_t>(base) + kChunkBytes > (uintptr_t{1} << kTagShift)) throw std::bad_alloc();
   for (uint32_t i = kChunkConns; i-- > 1;) free_list->push_back(&base[i]);
   return &base[0];
 }
@@ -527,16 +568,15 @@ void Conntrack::decide(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp,
 // ---- dumps -------------------------------------------------------------------------------------
 
 void Conntrack::dump(int zone, int64_t now, std::vector<Entry>* out) {
-  std::atomic<CtNode*>* hs = heads();
-  if (!hs) return;
+  Bucket* bs = buckets();
+  if (!bs) return;
   for (uint32_t b = 0; b <= mask_; b++) {
-    if (!hs[b].load(std::memory_order_relaxed)) continue;
     Stripe& s = stripes_[b & (kStripes - 1)];
     s.lock();
-    for (CtNode* n = hs[b].load(std::memory_order_relaxed); n; n = n->next.load(std::memory_order_relaxed)) {
-      if (n->dir != 0) continue;
+    for_each_node(bs[b], [&](CtNode* n) {
+      if (n->dir != 0) return;
       Conn* c = Conn::of(n);
-      if (!live(c, now) || (zone >= 0 && c->key[0].zone != zone)) continue;
+      if (!live(c, now) || (zone >= 0 && c->key[0].zone != zone)) return;
       Entry e;
       e.orig = c->key[0];
       e.reply = c->key[1];
@@ -549,7 +589,7 @@ void Conntrack::dump(int zone, int64_t now, std::vector<Entry>* out) {
       e.expires_in_ns = c->expires.load(std::memory_order_relaxed) - now;
       e.nat = c->nat;
       out->push_back(e);
-    }
+    });
     s.unlock();
   }
   std::sort(out->begin(), out->end(), [](const Entry& a, const Entry& b) {
@@ -587,20 +627,19 @@ std::string Conntrack::format(const Entry& e) {
 }
 
 size_t Conntrack::flush(int zone) {
-  std::atomic<CtNode*>* hs = heads();
-  if (!hs) return 0;
+  Bucket* bs = buckets();
+  if (!bs) return 0;
   // Hold an epoch slot: a connection found here is not reused before remove() looks at it.
   int slot = epoch_.acquire();
   epoch_.enter(slot);
   std::vector<Conn*> victims;
   for (uint32_t b = 0; b <= mask_; b++) {
-    if (!hs[b].load(std::memory_order_relaxed)) continue;
     Stripe& s = stripes_[b & (kStripes - 1)];
     s.lock();
-    for (CtNode* n = hs[b].load(std::memory_order_relaxed); n; n = n->next.load(std::memory_order_relaxed)) {
+    for_each_node(bs[b], [&](CtNode* n) {
       Conn* c = Conn::of(n);
       if (n->dir == 0 && (zone < 0 || c->key[0].zone == zone)) victims.push_back(c);
-    }
+    });
     s.unlock();
   }
   size_t n = 0;
@@ -617,12 +656,13 @@ void Conntrack::zone_counts(std::vector<std::pair<uint16_t, uint32_t>>* out) con
   }
 }
 
-size_t Conntrack::table_bytes() const { return heads() ? (static_cast<size_t>(mask_) + 1) * sizeof(CtNode*) : 0; }
+size_t Conntrack::table_bytes() const { return buckets() ? (static_cast<size_t>(mask_) + 1) * sizeof(Bucket) : 0; }
 
 size_t Conntrack::bytes_per_conn() const {
-  uint32_t n = 1024;
-  while (n < max_conns_.load(std::memory_order_relaxed) && n < (1u << 30)) n <<= 1;
-  return sizeof(Conn) + (static_cast<size_t>(n) * sizeof(CtNode*) + max_conns_ - 1) / std::max<uint32_t>(max_conns_, 1);
+  const uint32_t max = max_conns_.load(std::memory_order_relaxed);
+  uint32_t n = 512;
+  while (n < max / 2 && n < (1u << 29)) n <<= 1;
+  return sizeof(Conn) + (static_cast<size_t>(n) * sizeof(Bucket) + max - 1) / std::max<uint32_t>(max, 1);
 }
 
 // ---- per-worker: allocation and the expiry wheel ----------------------------------------------------

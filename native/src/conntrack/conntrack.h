@@ -11,13 +11,18 @@
 //   Next:  the worker recirculates the packet (ct(table=T)) or continues its
 //          remaining datapath actions (ct without table).
 //
-// Table: a power-of-two array of chain heads, sized from the connection
-// limit when the first connection is created. Every connection is linked
-// twice, by its original and its reply key (conn.h). Lookups take no lock:
-// chains are walked with acquire loads, and unlinked connections are freed
-// only after every worker that might hold one has left its read section
-// (epoch.h). Writers (create, expire, flush) lock the chains they change
-// through 1,024 striped spinlocks, two at most, in address order.
+// Table: a power-of-two array of buckets, one cache line each, sized from
+// the connection limit when the first connection is created (one bucket
+// per two connections). Every connection is linked twice, by its original
+// and its reply key (conn.h). A bucket holds seven entries in single words
+// (the connection's address, the key's direction and a 17-bit tag of the
+// key's hash), and a chain for the keys that found it full; so a lookup
+// reads one line for the bucket and then only the connections whose tag is
+// the key's. Lookups take no lock: words and chains are read with acquire
+// loads, and unlinked connections are freed only after every worker that
+// might hold one has left its read section (epoch.h). Writers (create,
+// expire, flush) lock the buckets they change through 1,024 striped
+// spinlocks, two at most, in address order.
 //
 // Expiry: a connection belongs to the worker that created it; that worker's
 // timer wheel (8,192 ticks of ~1.07 s) holds it at its expiry time and is
@@ -188,12 +193,12 @@ class Conntrack {
 
   // ---- the stage (worker, between CtWorker::begin and end) --------------------------------
   // A batch goes through as a pipeline so that memory latency overlaps
-  // (ct_stage.cc): a packet is prepared and its chain head prefetched some
-  // packets before its turn, the chain's first connection a few before,
+  // (ct_stage.cc): a packet is prepared and its bucket prefetched some
+  // packets before its turn, the connections its tag points to a few before,
   // then it is executed.
   void prepare(Packet* p, const CtSpec& spec, CtPrep* pr) const;
-  void prefetch_head(uint32_t hash) const;
-  void prefetch_node(uint32_t hash) const;
+  void prefetch_head(uint32_t hash) const;  // the key's bucket
+  void prefetch_node(uint32_t hash) const;  // the connections in it that the key's tag points to
   void execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, int64_t now, bool dry_run, CtResult* r);
   void execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r);
   // The stage for an untracked packet whose connection the worker remembers
@@ -253,16 +258,33 @@ class Conntrack {
   };
   static constexpr uint32_t kStripes = 1024;
 
-  std::atomic<CtNode*>* heads() const { return heads_.load(std::memory_order_acquire); }
+  // A bucket: kSlots entries, each 0 or tag << kTagShift | connection | direction,
+  // and the chain of the keys that found every entry taken.
+  static constexpr int kSlots = 7;
+  static constexpr int kTagShift = 47;  // user-space addresses are below 2^47
+  struct alignas(64) Bucket {
+    std::atomic<uint64_t> slot[kSlots];
+    std::atomic<CtNode*> chain;
+  };
+  static_assert(sizeof(Bucket) == 64, "a bucket is a cache line");
+  static uint64_t tag_of(uint32_t hash) { return (hash * 0x9e3779b1u) >> 15; }  // 17 bits
+  static uint64_t entry_of(const CtNode* n, uint32_t hash) {
+    return tag_of(hash) << kTagShift | reinterpret_cast<uintptr_t>(Conn::of(n)) | n->dir;
+  }
+  static Conn* conn_of(uint64_t e) {
+    return reinterpret_cast<Conn*>(e & ((uint64_t{1} << kTagShift) - 1) & ~uint64_t{63});
+  }
+  Bucket* buckets() const { return buckets_.load(std::memory_order_acquire); }
   void ensure_table();
   Conn* lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const;
+  template <class F>
+  void for_each_node(const Bucket& b, F&& f) const;  // f(CtNode*), the bucket's entries and chain (writer's lock held)
   bool live(const Conn* c, int64_t now) const {
     return !c->dead.load(std::memory_order_relaxed) && c->expires.load(std::memory_order_relaxed) > now;
   }
   void lock2(uint32_t b0, uint32_t b1);
   void unlock2(uint32_t b0, uint32_t b1);
-  bool chain_has(uint32_t b, const CtKey& k, int64_t now) const;
-  void link(CtNode* n, uint32_t b);
+  void link(CtNode* n, uint32_t b);    // into an empty entry of bucket b, or its chain
   void unlink(CtNode* n, uint32_t b);
   // Inserts a new connection; false if its reply key is taken (then
   // *existing is the live connection with its original key, if any).
@@ -284,8 +306,7 @@ class Conntrack {
   struct FreeDelete {
     void operator()(void* p) const { std::free(p); }
   };
-  std::atomic<std::atomic<CtNode*>*> heads_{nullptr};
-  std::unique_ptr<void, FreeDelete> heads_mem_;    // huge pages (dpu/mem.h)
+  std::atomic<Bucket*> buckets_{nullptr};       // huge pages, zero until touched (dpu/mem.h)
   uint32_t mask_ = 0;
   std::mutex table_mu_;                            // first allocation, chunks
   std::vector<std::unique_ptr<void, FreeDelete>> chunks_;  // 2 MiB each, huge pages
