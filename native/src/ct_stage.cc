@@ -151,8 +151,15 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     const CtJob& job = ct_jobs_[j];
     ct_known_[j] = job.slot && emc_.resumes(job.slot - 1, job.stamp);
     if (ct_known_[j]) return;  // its entry was prefetched when the job was queued
-    ct.prepare(job.p, *job.spec, &ct_prep_[j]);
-    if (ct_prep_[j].ok) ct.prefetch_head(ct_prep_[j].hash);
+    const CtSpec& spec = *job.spec;
+    CtPrep& pr = ct_prep_[j];
+    ct.prepare(job.p, spec, &pr);
+    if (!pr.ok) return;
+    ct.prefetch_head(pr.hash);
+    // A commit with source NAT may create a connection: where its mapping
+    // is looked up too.
+    if (spec.commit && spec.range.type == kNatSrc && !pr.cp.key.v6)
+      ct.nat().prefetch_acquire(spec.zone, pr.cp.key.proto, pr.cp.key.src[0], pr.cp.key.sport, spec.range);
   };
   auto fetch_node = [&](size_t j) {
     if (ct_known_[j]) {

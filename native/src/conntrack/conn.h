@@ -130,7 +130,6 @@ struct alignas(64) Conn {
   uint8_t tmo = 0;                   // timeout class in use (CtTimeoutClass)
   uint16_t pad = 0;
   NatMapping* mapping = nullptr;     // SNAT mapping this connection holds a reference on
-  Conn* wheel_next = nullptr;        // the owner's expiry wheel (conntrack.cc)
 
   void spin_lock() {
     while (lock.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();

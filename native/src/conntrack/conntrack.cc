@@ -147,6 +147,20 @@ Conn* Conntrack::lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const
   return nullptr;
 }
 
+// A connection's keys and hashes never change once it is published, and its
+// memory stays a connection's while its owner's wheel holds it.
+// Its NAT mapping pointer is read atomically: a flush may release it.
+void Conntrack::prefetch_buckets(const Conn* c) const {
+  Bucket* bs = buckets();
+  __builtin_prefetch(&bs[c->node[0].hash & mask_], 1);
+  __builtin_prefetch(&bs[c->node[1].hash & mask_], 1);
+  if (const NatMapping* m = __atomic_load_n(&c->mapping, __ATOMIC_RELAXED)) NatTable::prefetch_mapping(m);
+}
+
+void Conntrack::prefetch_mapping_slot(const Conn* c) const {
+  if (const NatMapping* m = __atomic_load_n(&c->mapping, __ATOMIC_RELAXED)) nat_.prefetch_release(m);
+}
+
 template <class F>
 void Conntrack::for_each_node(const Bucket& b, F&& f) const {
   for (const auto& s : b.slot) {
@@ -233,9 +247,9 @@ bool Conntrack::remove(Conn* c) {
   c->dead.store(1, std::memory_order_release);
   unlock2(b0, b1);
   release(c->key[0].zone);
-  if (c->mapping) {
-    nat_.release(c->mapping);
-    c->mapping = nullptr;
+  if (NatMapping* m = c->mapping) {
+    __atomic_store_n(&c->mapping, nullptr, __ATOMIC_RELAXED);  // read by the owner's expiry prefetch
+    nat_.release(m);
   }
   return true;
 }
@@ -667,7 +681,7 @@ size_t Conntrack::bytes_per_conn() const {
 
 // ---- per-worker: allocation and the expiry wheel ----------------------------------------------------
 
-CtWorker::CtWorker(Conntrack* ct, int slot) : ct_(ct), slot_(slot), wheel_(new Conn*[kWheelSlots]()) {}
+CtWorker::CtWorker(Conntrack* ct, int slot) : ct_(ct), slot_(slot), wheel_(new std::vector<Conn*>[kWheelSlots]) {}
 
 CtWorker::~CtWorker() {
   {
@@ -678,7 +692,7 @@ CtWorker::~CtWorker() {
   // Connections this worker owns leave the table with it.
   lock();
   for (int i = 0; i < kWheelSlots; i++)
-    for (Conn* c = wheel_[i]; c; c = c->wheel_next) ct_->remove(c);
+    for (Conn* c : wheel_[i]) ct_->remove(c);
   unlock();
   ct_->epoch_.release(slot_);
 }
@@ -719,9 +733,7 @@ void CtWorker::file(Conn* c, int64_t now) {
   int64_t tick = c->expires.load(std::memory_order_relaxed) >> kTickShift;
   tick = std::max(tick, cursor_);
   tick = std::min(tick, cursor_ + kWheelSlots - 1);
-  Conn*& head = wheel_[tick & (kWheelSlots - 1)];
-  c->wheel_next = head;
-  head = c;
+  wheel_[tick & (kWheelSlots - 1)].push_back(c);
   filed_++;
   unlock();
 }
@@ -754,37 +766,40 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
   const bool wrapped = now_tick - cursor_ >= kWheelSlots;
   if (wrapped) end_tick = cursor_ + kWheelSlots - 1;
   size_t empty_budget = 4 * kWheelSlots;  // empty slots cost little but are bounded too
+  // A tick's connections are an array, so memory latency overlaps: a
+  // connection is fetched kConnAhead places before its turn, and the two
+  // buckets it would be unlinked from kBucketAhead places before.
+  constexpr size_t kConnAhead = 8, kBucketAhead = 5, kMapAhead = 2;
   while (budget && cursor_ <= end_tick && empty_budget) {
-    if (!wheel_[cursor_ & (kWheelSlots - 1)]) {
+    std::vector<Conn*>& tick_conns = wheel_[cursor_ & (kWheelSlots - 1)];
+    if (tick_conns.empty()) {
       cursor_++;
       empty_budget--;
       continue;
     }
-    Conn*& head = wheel_[cursor_ & (kWheelSlots - 1)];
-    Conn* refile = nullptr;  // connections still alive go one tick on at least
-    while (head && budget) {
-      Conn* c = head;
-      head = c->wheel_next;
+    refile_.clear();  // connections still alive go one tick on at least
+    while (!tick_conns.empty() && budget) {
+      const size_t k = tick_conns.size();
+      if (k > kConnAhead) Conntrack::prefetch_conn(tick_conns[k - 1 - kConnAhead]);
+      if (k > kBucketAhead) ct_->prefetch_buckets(tick_conns[k - 1 - kBucketAhead]);
+      if (k > kMapAhead) ct_->prefetch_mapping_slot(tick_conns[k - 1 - kMapAhead]);
+      Conn* c = tick_conns.back();
+      tick_conns.pop_back();
       filed_--;
       budget--;
       if (!c->dead.load(std::memory_order_acquire) && c->expires.load(std::memory_order_relaxed) > now) {
-        c->wheel_next = refile;
-        refile = c;
+        refile_.push_back(c);
         continue;
       }
       if (ct_->remove(c)) expired++;
       retired_.push_back({ct_->epoch_.retire_tag(), c});
     }
-    const bool done = head == nullptr;
+    const bool done = tick_conns.empty();
     if (done) cursor_++;
-    while (refile) {
-      Conn* c = refile;
-      refile = c->wheel_next;
+    for (Conn* c : refile_) {
       int64_t tick = std::max(c->expires.load(std::memory_order_relaxed) >> kTickShift, cursor_ + (done ? 0 : 1));
       tick = std::min(tick, cursor_ + kWheelSlots - 1);
-      Conn*& h = wheel_[tick & (kWheelSlots - 1)];
-      c->wheel_next = h;
-      h = c;
+      wheel_[tick & (kWheelSlots - 1)].push_back(c);
       filed_++;
     }
     if (!done) break;

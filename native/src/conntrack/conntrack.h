@@ -25,9 +25,10 @@
 // spinlocks, two at most, in address order.
 //
 // Expiry: a connection belongs to the worker that created it; that worker's
-// timer wheel (8,192 ticks of ~1.07 s) holds it at its expiry time and is
-// advanced in bounded slices between batches (CtWorker::sweep), never on the
-// per-packet path. A packet refreshes a connection's expiry with one store;
+// timer wheel (8,192 ticks of ~1.07 s, each an array of connections) holds
+// it at its expiry time and is advanced in bounded slices between batches
+// (CtWorker::sweep), never on the per-packet path; a slice prefetches the
+// connections, buckets and NAT mappings it is about to release a few ahead. A packet refreshes a connection's expiry with one store;
 // the wheel re-files refreshed connections when their old tick comes, and
 // lookups treat a connection past its expiry as gone even before the wheel
 // reaches it, so timeouts are exact whenever the sweep runs.
@@ -169,7 +170,8 @@ class CtWorker {
   int slot_;
   std::vector<Conn*> free_;
   std::vector<std::pair<uint64_t, Conn*>> retired_;  // (epoch tag, connection)
-  std::unique_ptr<Conn*[]> wheel_;
+  std::unique_ptr<std::vector<Conn*>[]> wheel_;  // by tick: the connections filed there
+  std::vector<Conn*> refile_;                     // sweep's scratch
   int64_t cursor_ = -1;         // next tick to process
   size_t filed_ = 0;
   bool in_read_ = false;
@@ -282,6 +284,10 @@ class Conntrack {
   bool live(const Conn* c, int64_t now) const {
     return !c->dead.load(std::memory_order_relaxed) && c->expires.load(std::memory_order_relaxed) > now;
   }
+  // Expiry's prefetches for a connection: the two buckets it is linked in
+  // and its NAT mapping; then (the mapping fetched) the mapping's map slot.
+  void prefetch_buckets(const Conn* c) const;
+  void prefetch_mapping_slot(const Conn* c) const;
   void lock2(uint32_t b0, uint32_t b1);
   void unlock2(uint32_t b0, uint32_t b1);
   void link(CtNode* n, uint32_t b);    // into an empty entry of bucket b, or its chain

@@ -81,6 +81,15 @@ class FlatMap {
 
   size_t size() const { return n_; }
 
+  // Fetches the line where a lookup of `k` starts. Safe from any thread
+  // while another changes the map (it only reads the slots' address and
+  // count, atomically; a stale pair prefetches a harmless wrong line).
+  void prefetch(const K& k) const {
+    const Slot* sl = __atomic_load_n(&slots_, __ATOMIC_RELAXED);
+    const size_t cap = __atomic_load_n(&cap_, __ATOMIC_RELAXED);
+    if (sl) __builtin_prefetch(&sl[Hash()(k) & (cap - 1)]);
+  }
+
   template <class F>
   void for_each(F&& f) {
     for (size_t i = 0; i < cap_; i++)
@@ -97,9 +106,10 @@ class FlatMap {
     size_t bytes = cap * sizeof(Slot);
     void* p = bytes >= (2u << 20) ? huge_alloc(bytes) : std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!p) throw std::bad_alloc();
-    slots_ = static_cast<Slot*>(p);
-    for (size_t i = 0; i < cap; i++) new (&slots_[i]) Slot();
-    cap_ = cap;
+    Slot* sl = static_cast<Slot*>(p);
+    for (size_t i = 0; i < cap; i++) new (&sl[i]) Slot();
+    __atomic_store_n(&cap_, cap, __ATOMIC_RELAXED);  // read by prefetch() without the owner's lock
+    __atomic_store_n(&slots_, sl, __ATOMIC_RELAXED);
   }
   void grow() {
     Slot* old = slots_;

@@ -157,6 +157,7 @@ NatMapping* NatTable::acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, u
   m->ext_port = *ext_port;
   m->pool = pool;
   m->refs = 1;
+  m->port_bits = &b;
   by_int_.put(int_key(zone, proto, int_addr, int_port, pool), m);
   // Only zones that filter endpoint-independently look mappings up by their
   // public endpoint; the port bitmap alone says which ports are taken.
@@ -177,9 +178,26 @@ void NatTable::free_mapping(NatMapping* m) {
   const uint64_t ek = ext_key(m->proto, m->ext_addr, m->ext_port);
   NatMapping** me = by_ext_.find(ek);  // static mappings and reachable ones: a small table
   if (me && *me == m) by_ext_.erase(ek);
-  if (!me || *me == m) bits(m->proto, m->ext_addr).clear(be16(m->ext_port));  // else a static mapping holds the port
+  if (!me || *me == m) {  // else a static mapping holds the port
+    PortBits* b = m->port_bits ? static_cast<PortBits*>(m->port_bits) : &bits(m->proto, m->ext_addr);
+    b->clear(be16(m->ext_port));
+  }
   free_.push_back(m);
   n_mappings_--;
+}
+
+void NatTable::prefetch_acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port,
+                                const NatRange& r) const {
+  by_int_.prefetch(int_key(zone, proto, int_addr, int_port, pool_id(r)));
+}
+
+void NatTable::prefetch_release(const NatMapping* m) const {
+  by_int_.prefetch(int_key(__atomic_load_n(&m->zone, __ATOMIC_RELAXED), __atomic_load_n(&m->proto, __ATOMIC_RELAXED),
+                           __atomic_load_n(&m->int_addr, __ATOMIC_RELAXED),
+                           __atomic_load_n(&m->int_port, __ATOMIC_RELAXED), __atomic_load_n(&m->pool, __ATOMIC_RELAXED)));
+  // PortBits outlive the table's mappings: a stale pointer is still a bitmap.
+  if (const auto* b = static_cast<const PortBits*>(__atomic_load_n(&m->port_bits, __ATOMIC_RELAXED)))
+    __builtin_prefetch(&b->w[be16(__atomic_load_n(&m->ext_port, __ATOMIC_RELAXED)) >> 6], 1);
 }
 
 void NatTable::release(NatMapping* m) {

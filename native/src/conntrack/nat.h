@@ -45,6 +45,7 @@ struct NatMapping {
   uint32_t refs = 0;      // connections holding it
   bool is_static = false;
   bool reachable = false; // indexed by its public endpoint (endpoint-independent filtering)
+  void* port_bits = nullptr;  // the bitmap its public port is taken in (nat.cc), while it holds one
 };
 
 struct StaticMapping {
@@ -68,6 +69,14 @@ class NatTable {
   NatMapping* acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r,
                       bool reachable, bool dry_run, uint32_t* ext_addr, uint16_t* ext_port);
   void release(NatMapping* m);
+  // Prefetches, any thread, no lock: the line where acquire() will look for
+  // an internal endpoint's mapping; the mapping's own line; and (its line
+  // having been fetched) where release() will find it in the map. Their
+  // fields are read atomically: a mapping freed meanwhile prefetches a
+  // harmless wrong line.
+  void prefetch_acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r) const;
+  static void prefetch_mapping(const NatMapping* m) { __builtin_prefetch(m); }
+  void prefetch_release(const NatMapping* m) const;
   // The zone's mapping of a public endpoint (endpoint-independent filtering),
   // with a reference taken for the connection it lets in (release() it), or
   // nullptr. *out gets a copy of it; with dry_run no reference is taken.
