@@ -138,11 +138,11 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   const int64_t now = ct.now(dp_->now_ns(), static_cast<int64_t>(max_ts_));
   const bool dry_run = trace_ != nullptr;
   // Memory latency is overlapped by a software pipeline over the batch's
-  // jobs: a job is prepared and its chain head fetched kHeadAhead jobs
-  // before it is executed, and the head's first connection kNodeAhead jobs
+  // jobs: a job is prepared and its bucket fetched kHeadAhead jobs before it
+  // is executed, and the connections its hash tag points to kNodeAhead jobs
   // before. A job whose slot has a cached connection fetches that instead.
-  // (Fetching every head of a 256-packet batch at once would push the first
-  // ones out of L1 before they are used.)
+  // (Fetching every bucket of a 256-packet batch at once would push the
+  // first ones out of L1 before they are used.)
   constexpr size_t kHeadAhead = 8, kNodeAhead = 4;
   const size_t n = ct_jobs_.size();
   if (ct_prep_.size() < n) ct_prep_.resize(n);
@@ -156,10 +156,6 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     ct.prepare(job.p, spec, &pr);
     if (!pr.ok) return;
     ct.prefetch_head(pr.hash);
-    // A commit with source NAT may create a connection: where its mapping
-    // is looked up too.
-    if (spec.commit && spec.range.type == kNatSrc && !pr.cp.key.v6)
-      ct.nat().prefetch_acquire(spec.zone, pr.cp.key.proto, pr.cp.key.src[0], pr.cp.key.sport, spec.range);
   };
   auto fetch_node = [&](size_t j) {
     if (ct_known_[j]) {
@@ -167,7 +163,12 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
       Conntrack::prefetch_conn(e.conn);
       __builtin_prefetch(e.mf);
     } else if (ct_prep_[j].ok) {
-      ct.prefetch_node(ct_prep_[j].hash);
+      const CtPrep& pr = ct_prep_[j];
+      const CtSpec& spec = *ct_jobs_[j].spec;
+      // A commit with source NAT whose key is not in the table will create
+      // a connection: where its mapping is looked up too.
+      if (!ct.prefetch_node(pr.hash) && spec.commit && spec.range.type == kNatSrc && !pr.cp.key.v6)
+        ct.nat().prefetch_acquire(spec.zone, pr.cp.key.proto, pr.cp.key.src[0], pr.cp.key.sport, spec.range);
     }
   };
   for (size_t j = 0; j < std::min(n, kHeadAhead); j++) fetch_head(j);

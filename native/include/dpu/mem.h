@@ -96,8 +96,9 @@ inline void* huge_alloc_zeroed(size_t bytes) {
 #endif
   return reinterpret_cast<void*>(start);
 #else
-  void* p = std::calloc(1, bytes);
+  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
   if (!p) throw std::bad_alloc();
+  std::memset(p, 0, bytes);
   return p;
 #endif
 }

@@ -95,11 +95,15 @@ void Conntrack::ensure_table() {
   std::lock_guard<std::mutex> g(table_mu_);
   if (buckets()) return;
   uint32_t n = 512;
-  while (n < max_conns_.load(std::memory_order_relaxed) / 2 && n < (1u << 29)) n <<= 1;
+  while (n < max_conns_.load(std::memory_order_relaxed) / 2 && n < kMaxBuckets) n <<= 1;
   // All-zero memory is a table of empty buckets (lock-free atomics of
   // words and pointers): nothing is cleared here, on the first connection's
   // packet path; pages are zeroed as they are first touched.
+  // (The buckets are not constructed: an atomic of a lock-free word is its
+  // value's bytes, as on every platform dpu builds for.)
   static_assert(std::is_trivially_destructible<Bucket>::value, "buckets are released as raw memory");
+  static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<CtNode*>::is_always_lock_free,
+                "a bucket's words are plain memory");
   auto* bs = static_cast<Bucket*>(huge_alloc_zeroed(static_cast<size_t>(n) * sizeof(Bucket)));
   mask_ = n - 1;
   buckets_.store(bs, std::memory_order_release);
@@ -110,15 +114,26 @@ void Conntrack::prefetch_head(uint32_t hash) const {
   if (bs) __builtin_prefetch(&bs[hash & mask_]);
 }
 
-void Conntrack::prefetch_node(uint32_t hash) const {
+bool Conntrack::prefetch_node(uint32_t hash) const {
   Bucket* bs = buckets();
-  if (!bs) return;
+  if (!bs) return false;
   const Bucket& b = bs[hash & mask_];
   const uint64_t tag = tag_of(hash);
+  bool maybe = b.chain.load(std::memory_order_relaxed) != nullptr;
   for (const auto& s : b.slot) {
     const uint64_t e = s.load(std::memory_order_relaxed);
-    if (e && (e >> kTagShift) == tag) prefetch_conn(conn_of(e));
+    if (e && (e >> kTagShift) == tag) {
+      prefetch_conn(conn_of(e));
+      maybe = true;
+    }
   }
+  return maybe;
+}
+
+bool Conntrack::bucket_empty(const Bucket& b) {
+  uint64_t any = reinterpret_cast<uintptr_t>(b.chain.load(std::memory_order_relaxed));
+  for (const auto& s : b.slot) any |= s.load(std::memory_order_relaxed);
+  return any == 0;
 }
 
 Conn* Conntrack::lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const {
@@ -308,10 +323,11 @@ void Conntrack::fill_result(Conn* c, int dir, CtResult* r) const {
 
 Conn* Conntrack::alloc_chunk(std::vector<Conn*>* free_list) {
   std::lock_guard<std::mutex> g(table_mu_);
-  chunks_.emplace_back(huge_alloc(kChunkBytes));
-  Conn* base = static_cast<Conn*>(chunks_.back().get());
+  std::unique_ptr<void, FreeDelete> chunk(huge_alloc(kChunkBytes));
   // A bucket entry keeps a connection's address in its low 47 bits.
-  if (reinterpret_cast<uintptr_t>(base) + kChunkBytes > (uintptr_t{1} << kTagShift)) throw std::bad_alloc();
+  if (reinterpret_cast<uintptr_t>(chunk.get()) + kChunkBytes > (uintptr_t{1} << kTagShift)) throw std::bad_alloc();
+  chunks_.push_back(std::move(chunk));
+  Conn* base = static_cast<Conn*>(chunks_.back().get());
   for (uint32_t i = kChunkConns; i-- > 1;) free_list->push_back(&base[i]);
   return &base[0];
 }
@@ -585,6 +601,7 @@ void Conntrack::dump(int zone, int64_t now, std::vector<Entry>* out) {
   Bucket* bs = buckets();
   if (!bs) return;
   for (uint32_t b = 0; b <= mask_; b++) {
+    if (bucket_empty(bs[b])) continue;  // read without the lock: what is inserted meanwhile may be missed either way
     Stripe& s = stripes_[b & (kStripes - 1)];
     s.lock();
     for_each_node(bs[b], [&](CtNode* n) {
@@ -648,6 +665,7 @@ size_t Conntrack::flush(int zone) {
   epoch_.enter(slot);
   std::vector<Conn*> victims;
   for (uint32_t b = 0; b <= mask_; b++) {
+    if (bucket_empty(bs[b])) continue;  // read without the lock: what is inserted meanwhile may be missed either way
     Stripe& s = stripes_[b & (kStripes - 1)];
     s.lock();
     for_each_node(bs[b], [&](CtNode* n) {
@@ -675,7 +693,11 @@ size_t Conntrack::table_bytes() const { return buckets() ? (static_cast<size_t>(
 size_t Conntrack::bytes_per_conn() const {
   const uint32_t max = max_conns_.load(std::memory_order_relaxed);
   uint32_t n = 512;
-  while (n < max / 2 && n < (1u << 29)) n <<= 1;
+  if (buckets()) {
+    n = mask_ + 1;  // the table as it was sized (a later limit does not resize it)
+  } else {
+    while (n < max / 2 && n < kMaxBuckets) n <<= 1;
+  }
   return sizeof(Conn) + (static_cast<size_t>(n) * sizeof(Bucket) + max - 1) / std::max<uint32_t>(max, 1);
 }
 
@@ -713,7 +735,12 @@ Conn* CtWorker::alloc() {
   lock();
   if (free_.empty()) reclaim();
   if (free_.empty()) {
-    c = ct_->alloc_chunk(&free_);
+    try {
+      c = ct_->alloc_chunk(&free_);
+    } catch (...) {
+      unlock();
+      throw;
+    }
   } else {
     c = free_.back();
     free_.pop_back();
@@ -795,6 +822,7 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
       retired_.push_back({ct_->epoch_.retire_tag(), c});
     }
     const bool done = tick_conns.empty();
+    if (done && tick_conns.capacity() > 4096) std::vector<Conn*>().swap(tick_conns);  // a burst's tick gives its memory back
     if (done) cursor_++;
     for (Conn* c : refile_) {
       int64_t tick = std::max(c->expires.load(std::memory_order_relaxed) >> kTickShift, cursor_ + (done ? 0 : 1));

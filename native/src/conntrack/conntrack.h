@@ -200,7 +200,9 @@ class Conntrack {
   // then it is executed.
   void prepare(Packet* p, const CtSpec& spec, CtPrep* pr) const;
   void prefetch_head(uint32_t hash) const;  // the key's bucket
-  void prefetch_node(uint32_t hash) const;  // the connections in it that the key's tag points to
+  // The connections in it that the key's tag points to; false if the key
+  // cannot be in the table (no tag matches and no chain).
+  bool prefetch_node(uint32_t hash) const;
   void execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, int64_t now, bool dry_run, CtResult* r);
   void execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r);
   // The stage for an untracked packet whose connection the worker remembers
@@ -277,6 +279,8 @@ class Conntrack {
     return reinterpret_cast<Conn*>(e & ((uint64_t{1} << kTagShift) - 1) & ~uint64_t{63});
   }
   Bucket* buckets() const { return buckets_.load(std::memory_order_acquire); }
+  static bool bucket_empty(const Bucket& b);
+  static constexpr uint32_t kMaxBuckets = 1u << 27;  // 8 GiB: 268M connections at the usual two per bucket
   void ensure_table();
   Conn* lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const;
   template <class F>

@@ -71,9 +71,25 @@ NatMapping* NatTable::new_mapping() {
   }
   NatMapping* m = free_.back();
   free_.pop_back();
-  *m = NatMapping();
+  m->ext_addr = 0;
+  m->refs = 0;
+  m->is_static = m->reachable = false;
   n_mappings_++;
   return m;
+}
+
+// The fields prefetch_release() reads without the lock are written
+// atomically (relaxed): a flush on another thread may free and reuse a
+// mapping an expiring connection still names.
+void NatTable::set_keys(NatMapping* m, uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port,
+                        uint16_t ext_port, uint64_t pool, void* port_bits) {
+  __atomic_store_n(&m->zone, zone, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->proto, proto, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->int_addr, int_addr, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->int_port, int_port, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->ext_port, ext_port, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->pool, pool, __ATOMIC_RELAXED);
+  __atomic_store_n(&m->port_bits, port_bits, __ATOMIC_RELAXED);
 }
 
 uint64_t NatTable::ext_key(uint8_t proto, uint32_t addr, uint16_t port) {
@@ -86,13 +102,30 @@ static uint64_t pool_id(const NatRange& r) {
 
 NatTable::PortBits& NatTable::bits(uint8_t proto, uint32_t addr) {
   const uint64_t k = static_cast<uint64_t>(proto) << 32 | addr;
+  BitsHint& hint = hints_[hint_slot(k)];
   PortBits** p = ports_.find(k);
-  if (p) return **p;
-  port_bits_.push_back(std::make_unique<PortBits>());
-  PortBits* b = port_bits_.back().get();
-  b->set(0);  // port 0 is never handed out
-  ports_.put(k, b);
+  PortBits* b;
+  if (p) {
+    b = *p;
+  } else {
+    port_bits_.push_back(std::make_unique<PortBits>());
+    b = port_bits_.back().get();
+    b->set(0);  // port 0 is never handed out
+    ports_.put(k, b);
+  }
+  if (hint.key.load(std::memory_order_relaxed) != k) {
+    hint.bits.store(b, std::memory_order_relaxed);
+    hint.key.store(k, std::memory_order_relaxed);
+  }
   return *b;
+}
+
+// Paired pooling: the public address is a function of the internal one
+// (network order in, host order out).
+uint32_t NatTable::paired_addr(uint16_t zone, uint32_t int_addr, const NatRange& r) {
+  uint32_t n_addr = r.addr_max - r.addr_min + 1;
+  uint32_t h = hash_words(be32(int_addr), zone, 0x6e6174u, 0);  // not the protocol: one address for all of them
+  return r.addr_min + (n_addr ? h % n_addr : 0);
 }
 
 // A free port in [lo, hi] of (proto, addr): `preferred` if free, else the
@@ -125,10 +158,7 @@ NatMapping* NatTable::acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, u
     if (!dry_run) m->refs++;
     return m;
   }
-  // Paired pooling: the public address is a function of the internal one.
-  uint32_t n_addr = r.addr_max - r.addr_min + 1;
-  uint32_t h = hash_words(be32(int_addr), zone, 0x6e6174u, 0);  // not the protocol: one address for all of them
-  uint32_t addr = r.addr_min + (n_addr ? h % n_addr : 0);
+  const uint32_t addr = paired_addr(zone, int_addr, r);
   const bool icmp = proto == kIpIcmp || proto == kIpIcmpv6;
   uint16_t lo = r.port_min ? r.port_min : (icmp ? 1 : 1024);
   uint16_t hi = r.port_min ? r.port_max : 65535;
@@ -149,15 +179,9 @@ NatMapping* NatTable::acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, u
   *ext_port = be16(port);
   if (dry_run) return reinterpret_cast<NatMapping*>(this);  // non-null: would succeed
   NatMapping* m = new_mapping();
-  m->zone = zone;
-  m->proto = proto;
-  m->int_addr = int_addr;
-  m->int_port = int_port;
+  set_keys(m, zone, proto, int_addr, int_port, *ext_port, pool, &b);
   m->ext_addr = *ext_addr;
-  m->ext_port = *ext_port;
-  m->pool = pool;
   m->refs = 1;
-  m->port_bits = &b;
   by_int_.put(int_key(zone, proto, int_addr, int_port, pool), m);
   // Only zones that filter endpoint-independently look mappings up by their
   // public endpoint; the port bitmap alone says which ports are taken.
@@ -189,6 +213,23 @@ void NatTable::free_mapping(NatMapping* m) {
 void NatTable::prefetch_acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port,
                                 const NatRange& r) const {
   by_int_.prefetch(int_key(zone, proto, int_addr, int_port, pool_id(r)));
+  // The bitmap words a new mapping's port search starts with: the source
+  // port's, and (when that one is taken) the hashed start's.
+  const uint32_t addr = paired_addr(zone, int_addr, r);
+  const uint64_t k = static_cast<uint64_t>(proto) << 32 | be32(addr);
+  const BitsHint& hint = hints_[hint_slot(k)];
+  if (hint.key.load(std::memory_order_relaxed) != k) return;
+  const PortBits* b = hint.bits.load(std::memory_order_relaxed);
+  if (!b) return;
+  const uint16_t want = be16(int_port);
+  __builtin_prefetch(&b->w[want >> 6], 1);
+  if (r.random) return;
+  const bool icmp = proto == kIpIcmp || proto == kIpIcmpv6;
+  const uint16_t lo = r.port_min ? r.port_min : (icmp ? 1 : 1024);
+  const uint16_t hi = r.port_min ? r.port_max : 65535;
+  const uint32_t s = lo + hash_words(be32(int_addr), want, zone, proto) % (static_cast<uint32_t>(hi - lo) + 1);
+  __builtin_prefetch(&b->w[s >> 6], 1);
+  __builtin_prefetch(&b->full[s >> 12]);
 }
 
 void NatTable::prefetch_release(const NatMapping* m) const {
@@ -236,15 +277,10 @@ void NatTable::set_static(const std::vector<StaticMapping>& maps) {
   static_.clear();
   for (const StaticMapping& s : maps) {
     NatMapping* m = new_mapping();
-    m->zone = s.zone;
-    m->proto = s.proto;
-    m->int_addr = s.int_addr;
-    m->int_port = s.int_port;
-    m->ext_addr = s.ext_addr;
-    m->ext_port = s.ext_port;
     NatRange one;
     one.addr_min = one.addr_max = be32(s.ext_addr);
-    m->pool = pool_id(one);
+    set_keys(m, s.zone, s.proto, s.int_addr, s.int_port, s.ext_port, pool_id(one), nullptr);
+    m->ext_addr = s.ext_addr;
     m->is_static = true;
     static_.push_back(m);
     by_int_.put(int_key(m->zone, m->proto, m->int_addr, m->int_port, m->pool), m);

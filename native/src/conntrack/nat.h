@@ -23,6 +23,7 @@
 // (never for packets of established connections).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -113,8 +114,24 @@ class NatTable {
   bool take_port(uint8_t proto, uint32_t addr, uint16_t lo, uint16_t hi, uint16_t preferred, uint32_t start,
                  bool dry_run, uint16_t* out);
   NatMapping* new_mapping();
+  static void set_keys(NatMapping* m, uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port,
+                       uint16_t ext_port, uint64_t pool, void* port_bits);
   void free_mapping(NatMapping* m);
 
+  // Where acquire() will read a public address's bitmap, for
+  // prefetch_acquire() without the lock: a direct-mapped cache of
+  // (protocol, address) -> bitmap, written under mu_. Key and pointer are
+  // separate words; a torn pair still names a bitmap (they live as long as
+  // the table), so at worst a wrong line is prefetched.
+  static constexpr size_t kBitsHints = 1024;
+  struct BitsHint {
+    std::atomic<uint64_t> key{~0ull};
+    std::atomic<PortBits*> bits{nullptr};
+  };
+  std::unique_ptr<BitsHint[]> hints_{new BitsHint[kBitsHints]};
+  static size_t hint_slot(uint64_t k) { return static_cast<size_t>((k * 0x9e3779b97f4a7c15ull) >> 54); }
+  // The public address and first candidate port acquire() picks for a new mapping.
+  static uint32_t paired_addr(uint16_t zone, uint32_t int_addr, const NatRange& r);
   std::mutex mu_;
   FlatMap<IntKey, NatMapping*, IntKeyHash> by_int_;
   FlatMap<uint64_t, NatMapping*, U64Hash> by_ext_;
