@@ -151,11 +151,8 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     const CtJob& job = ct_jobs_[j];
     ct_known_[j] = job.slot && emc_.resumes(job.slot - 1, job.stamp);
     if (ct_known_[j]) return;  // its entry was prefetched when the job was queued
-    const CtSpec& spec = *job.spec;
-    CtPrep& pr = ct_prep_[j];
-    ct.prepare(job.p, spec, &pr);
-    if (!pr.ok) return;
-    ct.prefetch_head(pr.hash);
+    ct.prepare(job.p, *job.spec, &ct_prep_[j]);
+    if (ct_prep_[j].ok) ct.prefetch_head(ct_prep_[j].hash);
   };
   auto fetch_node = [&](size_t j) {
     if (ct_known_[j]) {

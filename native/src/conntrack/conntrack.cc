@@ -90,12 +90,17 @@ void Conntrack::sweep_others(const CtWorker* self, int64_t now, size_t budget) {
 
 // ---- the table -------------------------------------------------------------------------------
 
+uint32_t Conntrack::buckets_for(uint32_t max_conns) {
+  uint32_t n = 512;
+  while (n < max_conns / 2 && n < kMaxBuckets) n <<= 1;
+  return n;
+}
+
 void Conntrack::ensure_table() {
   if (buckets()) return;
   std::lock_guard<std::mutex> g(table_mu_);
   if (buckets()) return;
-  uint32_t n = 512;
-  while (n < max_conns_.load(std::memory_order_relaxed) / 2 && n < kMaxBuckets) n <<= 1;
+  const uint32_t n = buckets_for(max_conns_.load(std::memory_order_relaxed));
   // All-zero memory is a table of empty buckets (lock-free atomics of
   // words and pointers): nothing is cleared here, on the first connection's
   // packet path; pages are zeroed as they are first touched.
@@ -692,12 +697,8 @@ size_t Conntrack::table_bytes() const { return buckets() ? (static_cast<size_t>(
 
 size_t Conntrack::bytes_per_conn() const {
   const uint32_t max = max_conns_.load(std::memory_order_relaxed);
-  uint32_t n = 512;
-  if (buckets()) {
-    n = mask_ + 1;  // the table as it was sized (a later limit does not resize it)
-  } else {
-    while (n < max / 2 && n < kMaxBuckets) n <<= 1;
-  }
+  // Once made, the table keeps its size (a later limit does not resize it).
+  const uint32_t n = buckets() ? mask_ + 1 : buckets_for(max);
   return sizeof(Conn) + (static_cast<size_t>(n) * sizeof(Bucket) + max - 1) / std::max<uint32_t>(max, 1);
 }
 
@@ -794,8 +795,9 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
   if (wrapped) end_tick = cursor_ + kWheelSlots - 1;
   size_t empty_budget = 4 * kWheelSlots;  // empty slots cost little but are bounded too
   // A tick's connections are an array, so memory latency overlaps: a
-  // connection is fetched kConnAhead places before its turn, and the two
-  // buckets it would be unlinked from kBucketAhead places before.
+  // connection is fetched kConnAhead places before its turn, the two
+  // buckets it would be unlinked from and its NAT mapping kBucketAhead
+  // places before, and the mapping's map slot and port word kMapAhead.
   constexpr size_t kConnAhead = 8, kBucketAhead = 5, kMapAhead = 2;
   while (budget && cursor_ <= end_tick && empty_budget) {
     std::vector<Conn*>& tick_conns = wheel_[cursor_ & (kWheelSlots - 1)];

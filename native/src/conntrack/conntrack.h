@@ -28,7 +28,8 @@
 // timer wheel (8,192 ticks of ~1.07 s, each an array of connections) holds
 // it at its expiry time and is advanced in bounded slices between batches
 // (CtWorker::sweep), never on the per-packet path; a slice prefetches the
-// connections, buckets and NAT mappings it is about to release a few ahead. A packet refreshes a connection's expiry with one store;
+// connections, buckets and NAT mappings it is about to release a few
+// ahead. A packet refreshes a connection's expiry with one store;
 // the wheel re-files refreshed connections when their old tick comes, and
 // lookups treat a connection past its expiry as gone even before the wheel
 // reaches it, so timeouts are exact whenever the sweep runs.
@@ -115,8 +116,8 @@ struct CtResult {
 };
 
 // A packet prepared for the stage (Conntrack::prepare): its tuple, the key it
-// is looked up by and that key's hash, so that its chain can be prefetched
-// a few packets before it is walked.
+// is looked up by and that key's hash, so that its bucket can be prefetched
+// a few packets before it is read.
 struct CtPrep {
   CtPacket cp;
   CtKey key;            // the lookup key: the tuple, or its reverse for a packet already translated
@@ -281,6 +282,7 @@ class Conntrack {
   Bucket* buckets() const { return buckets_.load(std::memory_order_acquire); }
   static bool bucket_empty(const Bucket& b);
   static constexpr uint32_t kMaxBuckets = 1u << 27;  // 8 GiB: 268M connections at the usual two per bucket
+  static uint32_t buckets_for(uint32_t max_conns);    // one per two connections, a power of two
   void ensure_table();
   Conn* lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const;
   template <class F>

@@ -128,6 +128,24 @@ uint32_t NatTable::paired_addr(uint16_t zone, uint32_t int_addr, const NatRange&
   return r.addr_min + (n_addr ? h % n_addr : 0);
 }
 
+// The ports a new mapping may take: the rule's range, else 1024-65535
+// (ICMP identifiers: 1-65535).
+void NatTable::port_range(uint8_t proto, const NatRange& r, uint16_t* lo, uint16_t* hi) {
+  const bool icmp = proto == kIpIcmp || proto == kIpIcmpv6;
+  *lo = r.port_min ? r.port_min : (icmp ? 1 : 1024);
+  *hi = r.port_min ? r.port_max : 65535;
+}
+
+// Where the search for a free port starts when the preferred one is taken
+// (`start`: a hash of the internal endpoint, or random).
+uint32_t NatTable::search_from(uint16_t lo, uint16_t hi, uint32_t start) {
+  return lo + start % (static_cast<uint32_t>(hi - lo) + 1);
+}
+
+uint32_t NatTable::hashed_start(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t want) {
+  return hash_words(be32(int_addr), want, zone, proto);
+}
+
 // A free port in [lo, hi] of (proto, addr): `preferred` if free, else the
 // first free one from `start` (wrapping once).
 bool NatTable::take_port(uint8_t proto, uint32_t addr, uint16_t lo, uint16_t hi, uint16_t preferred, uint32_t start,
@@ -136,7 +154,7 @@ bool NatTable::take_port(uint8_t proto, uint32_t addr, uint16_t lo, uint16_t hi,
   int p = -1;
   if (preferred >= lo && preferred <= hi && !b.test(preferred)) p = preferred;
   if (p < 0) {
-    uint32_t s = lo + start % (static_cast<uint32_t>(hi - lo) + 1);
+    const uint32_t s = search_from(lo, hi, start);
     p = b.first_free(s, hi);
     if (p < 0 && s > lo) p = b.first_free(lo, s - 1);
   }
@@ -159,14 +177,13 @@ NatMapping* NatTable::acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, u
     return m;
   }
   const uint32_t addr = paired_addr(zone, int_addr, r);
-  const bool icmp = proto == kIpIcmp || proto == kIpIcmpv6;
-  uint16_t lo = r.port_min ? r.port_min : (icmp ? 1 : 1024);
-  uint16_t hi = r.port_min ? r.port_max : 65535;
+  uint16_t lo, hi;
+  port_range(proto, r, &lo, &hi);
   const uint16_t want = be16(int_port);
   rng_ ^= rng_ << 13;
   rng_ ^= rng_ >> 7;
   rng_ ^= rng_ << 17;
-  uint32_t start = r.random ? static_cast<uint32_t>(rng_) : hash_words(be32(int_addr), want, zone, proto);
+  uint32_t start = r.random ? static_cast<uint32_t>(rng_) : hashed_start(zone, proto, int_addr, want);
   uint16_t port;
   PortBits& b = bits(proto, be32(addr));
   if (!r.port_min && !r.random && want && want < lo && !b.test(want)) {
@@ -224,10 +241,9 @@ void NatTable::prefetch_acquire(uint16_t zone, uint8_t proto, uint32_t int_addr,
   const uint16_t want = be16(int_port);
   __builtin_prefetch(&b->w[want >> 6], 1);
   if (r.random) return;
-  const bool icmp = proto == kIpIcmp || proto == kIpIcmpv6;
-  const uint16_t lo = r.port_min ? r.port_min : (icmp ? 1 : 1024);
-  const uint16_t hi = r.port_min ? r.port_max : 65535;
-  const uint32_t s = lo + hash_words(be32(int_addr), want, zone, proto) % (static_cast<uint32_t>(hi - lo) + 1);
+  uint16_t lo, hi;
+  port_range(proto, r, &lo, &hi);
+  const uint32_t s = search_from(lo, hi, hashed_start(zone, proto, int_addr, want));
   __builtin_prefetch(&b->w[s >> 6], 1);
   __builtin_prefetch(&b->full[s >> 12]);
 }

@@ -130,8 +130,12 @@ class NatTable {
   };
   std::unique_ptr<BitsHint[]> hints_{new BitsHint[kBitsHints]};
   static size_t hint_slot(uint64_t k) { return static_cast<size_t>((k * 0x9e3779b97f4a7c15ull) >> 54); }
-  // The public address and first candidate port acquire() picks for a new mapping.
+  // What acquire() picks for a new mapping, shared with prefetch_acquire():
+  // the public address, the port range and where a port search starts.
   static uint32_t paired_addr(uint16_t zone, uint32_t int_addr, const NatRange& r);
+  static void port_range(uint8_t proto, const NatRange& r, uint16_t* lo, uint16_t* hi);
+  static uint32_t hashed_start(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t want);
+  static uint32_t search_from(uint16_t lo, uint16_t hi, uint32_t start);
   std::mutex mu_;
   FlatMap<IntKey, NatMapping*, IntKeyHash> by_int_;
   FlatMap<uint64_t, NatMapping*, U64Hash> by_ext_;
