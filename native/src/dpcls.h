@@ -11,7 +11,9 @@
 // mask (an open-addressing hash over only the mask's non-zero key words);
 // subtables are re-ordered by hit count every few thousand batches so the
 // busiest mask is probed first (as dpif-netdev's dpcls). Megaflows never
-// overlap in outcome, so the first hit wins.
+// overlap in outcome, so the first hit wins. A worker looks up a sub-batch
+// at a time (Emc::lookup_first/second, Dpcls::lookup_batch), fetching each
+// step's lines for all its keys before reading any.
 //
 // Each Megaflow owns its datapath actions and its xlate cache (the rules,
 // tables and groups it came from). Packet/byte counts are per megaflow,
@@ -98,6 +100,21 @@ struct Subtable {
       if (eq) return s.mf;
     }
   }
+  // find() in steps for a batch: the slot a hash starts at, then the first
+  // candidate there (a slot with the same hash: its megaflow's key words are
+  // what the compare reads), then find() itself.
+  void prefetch_slot(uint32_t h) const { __builtin_prefetch(&slots[h & (slots.size() - 1)]); }
+  void prefetch_candidate(uint32_t h) const {
+    size_t m = slots.size() - 1;
+    for (size_t pos = h & m;; pos = (pos + 1) & m) {
+      const Slot& s = slots[pos];
+      if (!s.mf) return;
+      if (s.hash != h) continue;
+      __builtin_prefetch(&s.mf->key[idx[0]]);
+      __builtin_prefetch(&s.mf->key[idx[n_idx - 1]]);
+      return;
+    }
+  }
 };
 
 class Dpcls {
@@ -116,6 +133,43 @@ class Dpcls {
     }
     *probes += n;
     return nullptr;
+  }
+  // lookup() for the keys keys[which[0..n)] at once, subtable by subtable,
+  // each step's lines fetched for all of them before any is read: out[i]
+  // is key i's megaflow or null. Adds the probes made to *probes.
+  template <size_t kMax>
+  void lookup_batch(const Flow* keys, const uint8_t* which, uint32_t n, Megaflow** out, uint32_t* probes) {
+    uint8_t left[kMax];
+    uint32_t h[kMax];
+    uint32_t n_left = n;
+    for (uint32_t k = 0; k < n; k++) {
+      left[k] = which[k];
+      out[which[k]] = nullptr;
+    }
+    for (Subtable* st : order_) {
+      if (!n_left) break;
+      if (st->n_idx == 0) {  // a catch-all mask: one find() answers for everyone
+        for (uint32_t k = 0; k < n_left; k++) h[k] = st->hash_of(words(keys[left[k]]));
+      } else {
+        for (uint32_t k = 0; k < n_left; k++) {
+          h[k] = st->hash_of(words(keys[left[k]]));
+          st->prefetch_slot(h[k]);
+        }
+        for (uint32_t k = 0; k < n_left; k++) st->prefetch_candidate(h[k]);
+      }
+      *probes += n_left;
+      uint32_t still = 0;
+      for (uint32_t k = 0; k < n_left; k++) {
+        uint8_t i = left[k];
+        if (Megaflow* mf = st->find(words(keys[i]), h[k])) {
+          st->hits++;
+          out[i] = mf;
+        } else {
+          left[still++] = i;
+        }
+      }
+      n_left = still;
+    }
   }
   Megaflow* insert(const Flow& key, const Flow& wc, XlateOut&& x);
   void clear();
@@ -139,27 +193,27 @@ class Emc {
  public:
   static constexpr uint32_t kEntries = 8192;
   Emc() : e_(kEntries) { clear(); }
-  // The megaflow of `key`, or null; *slot is the entry that answered.
-  Megaflow* lookup(const Flow& key, uint32_t hash, uint32_t* slot) const {
-    uint32_t ia = hash & (kEntries - 1);
-    const Entry& a = e_[ia];
-    if (a.hash == hash && a.mf && same(a.key, words(key))) {
-      *slot = ia;
-      return a.mf;
-    }
-    uint32_t ib = (hash >> 13) & (kEntries - 1);
-    const Entry& b = e_[ib];
-    if (b.hash == hash && b.mf && same(b.key, words(key))) {
-      *slot = ib;
-      return b.mf;
-    }
-    return nullptr;
+  // The megaflow of `key` in one of its two ways, or null; *slot is the
+  // entry that answered. A batch checks every key's first way (whose lines
+  // prefetch() fetched), prefetches the second way of those that missed it
+  // (prefetch_second), and then checks those.
+  Megaflow* lookup_first(const Flow& key, uint32_t hash, uint32_t* slot) const {
+    return probe(key, hash, hash & (kEntries - 1), slot);
+  }
+  Megaflow* lookup_second(const Flow& key, uint32_t hash, uint32_t* slot) const {
+    return probe(key, hash, (hash >> 13) & (kEntries - 1), slot);
   }
   void prefetch(uint32_t hash) const {  // the lines an untracked key's compare reads
     const char* a = reinterpret_cast<const char*>(&e_[hash & (kEntries - 1)]);
     __builtin_prefetch(a);
     __builtin_prefetch(a + 64);
     __builtin_prefetch(a + 128);
+  }
+  // The second way's hash and first key words: a miss reads no more.
+  void prefetch_second(uint32_t hash) const {
+    const char* b = reinterpret_cast<const char*>(&e_[(hash >> 13) & (kEntries - 1)]);
+    __builtin_prefetch(b);
+    __builtin_prefetch(b + 64);
   }
   void insert(const Flow& key, uint32_t hash, Megaflow* mf) {
     Entry* a = &e_[hash & (kEntries - 1)];
@@ -221,6 +275,15 @@ class Emc {
     uint64_t key[kKeyWords];
   };
   HugeArray<Entry> e_;
+
+  Megaflow* probe(const Flow& key, uint32_t hash, uint32_t i, uint32_t* slot) const {
+    const Entry& e = e_[i];
+    if (e.hash == hash && e.mf && same(e.key, words(key))) {
+      *slot = i;
+      return e.mf;
+    }
+    return nullptr;
+  }
 };
 
 }  // namespace dpu

@@ -292,16 +292,29 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   // later in this sub-batch may insert another key into the same entry.
   uint32_t slots[kChunk], stamps[kChunk];
   constexpr uint32_t kNoSlot = ~0u;
+  // Each key's first way, then the second way of those that missed it (the
+  // second ways' lines fetched in between, all at once).
+  uint8_t second[kChunk];
+  uint32_t n_second = 0;
+  auto hit = [&](uint32_t i, Megaflow* mf) {
+    mfs[i] = mf;
+    __builtin_prefetch(mf);
+    stamps[i] = emc_.stamp(slots[i]);
+  };
   for (uint32_t i = 0; i < n; i++) {
     slots[i] = kNoSlot;
-    Megaflow* mf = emc_.lookup(keys[i], hashes[i], &slots[i]);
-    mfs[i] = mf;
-    if (mf) {
-      __builtin_prefetch(mf);
-      stamps[i] = emc_.stamp(slots[i]);
+    mfs[i] = nullptr;
+    if (Megaflow* mf = emc_.lookup_first(keys[i], hashes[i], &slots[i])) {
+      hit(i, mf);
     } else {
-      miss[n_miss++] = static_cast<uint8_t>(i);
+      emc_.prefetch_second(hashes[i]);
+      second[n_second++] = static_cast<uint8_t>(i);
     }
+  }
+  for (uint32_t k = 0; k < n_second; k++) {
+    uint32_t i = second[k];
+    if (Megaflow* mf = emc_.lookup_second(keys[i], hashes[i], &slots[i])) hit(i, mf);
+    else miss[n_miss++] = static_cast<uint8_t>(i);
   }
   counters.emc_hits += n - n_miss;
   if (profile_) {
@@ -312,14 +325,13 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
 
   uint32_t n_up = 0;
   uint8_t up[kChunk];
+  uint32_t probes = 0;
+  dpcls_.lookup_batch<kChunk>(keys, miss, n_miss, mfs, &probes);
+  counters.subtable_probes += probes;
   for (uint32_t k = 0; k < n_miss; k++) {
     uint32_t i = miss[k];
-    uint32_t probes = 0;
-    Megaflow* mf = dpcls_.lookup(words(keys[i]), &probes);
-    counters.subtable_probes += probes;
-    if (mf) {
+    if (Megaflow* mf = mfs[i]) {
       counters.megaflow_hits++;
-      mfs[i] = mf;
       rng_ ^= rng_ << 13;
       rng_ ^= rng_ >> 7;
       rng_ ^= rng_ << 17;
