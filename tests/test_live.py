@@ -302,13 +302,23 @@ def test_jumbo_frames_over_a_jumbo_underlay(tmp_path):
 
 # ---- starting and stopping --------------------------------------------------------------------------------------
 
+def gro(lab, dev: str) -> str:
+    out = nsexec(lab.ns["dpu"], "ethtool", "-k", dev).stdout
+    return re.search(r"^generic-receive-offload: (\w+)", out, re.M).group(1)
+
+
 def test_sigterm_under_load_exits_cleanly(tmp_path):
     lab = Lab(str(tmp_path))
     try:
+        nsexec(lab.ns["dpu"], "ethtool", "-K", "p0", "gro", "on")
+        before = {dev: gro(lab, dev) for dev in ("p0", "vm1")}
+        assert before["p0"] == "on"
         d = lab.start_dpu(workers=2)
+        assert gro(lab, "p0") == "off"  # frames as they were on the wire
         srv, cli = lab.start_transfer("rblue", "vm1", "10.0.0.21", 5301, 40 * MB, 20 * MB)
         time.sleep(0.5)
         rc, out, err = d.stop(signal.SIGTERM)
+        assert {dev: gro(lab, dev) for dev in before} == before  # what dpu turned off is back on
         assert rc == 0, err
         assert "Traceback" not in err
         m = re.search(r"^vm1\s+(\d+)\s+(\d+)", out, re.M)

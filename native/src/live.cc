@@ -47,7 +47,7 @@ Status LiveRunner::start() {
   const int fanout_base = (getpid() & 0xfff) << 4;
   for (size_t pi = 0; pi < cfg_.ports.size(); pi++) {
     const LivePort& lp = cfg_.ports[pi];
-    disable_receive_offloads(lp.ifname);
+    if (disable_receive_offloads(lp.ifname)) gro_off_.push_back(lp.ifname);
     for (size_t w = 0; w < n_workers; w++) {
       QueueSpec spec;
       spec.ifname = lp.ifname;
@@ -59,6 +59,7 @@ Status LiveRunner::start() {
       Status st = open_queue(spec, &q);
       if (!st.ok()) {
         queues_.clear();
+        restore_offloads();
         return st;
       }
       queues_[w].push_back(std::move(q));
@@ -77,6 +78,12 @@ void LiveRunner::stop() {
     for (auto& q : qs) q->refresh_counters();
   // Counts made since the last housekeeping reach the rules.
   dp_->sync_stats();
+  restore_offloads();
+}
+
+void LiveRunner::restore_offloads() {
+  for (const std::string& ifname : gro_off_) restore_receive_offloads(ifname);
+  gro_off_.clear();
 }
 
 std::vector<LiveQueueStats> LiveRunner::queue_stats() const {

@@ -68,6 +68,7 @@ class LiveRunner {
   // Opens every queue of every worker first (any error, nothing runs), then
   // starts the threads.
   Status start();
+  // Joins the threads; GRO goes back on where start() turned it off.
   void stop();
   bool running() const { return !threads_.empty(); }
   std::vector<LiveQueueStats> queue_stats() const;
@@ -81,6 +82,8 @@ class LiveRunner {
   std::vector<std::vector<std::unique_ptr<PortQueue>>> queues_;  // [worker][attached port]
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
+  std::vector<std::string> gro_off_;  // interfaces whose GRO start() turned off: back on at stop()
+  void restore_offloads();
 };
 
 }  // namespace dpu

@@ -99,10 +99,24 @@ void put_tag_back(uint8_t* d, const uint8_t* frame, uint32_t len, const tpacket3
 
 }  // namespace
 
-void disable_receive_offloads(const std::string& ifname) {
+bool disable_receive_offloads(const std::string& ifname) {
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) return false;
+  ethtool_value ev{};
+  ev.cmd = ETHTOOL_GGRO;
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
+  ifr.ifr_data = reinterpret_cast<char*>(&ev);
+  const bool was_on = ioctl(fd, SIOCETHTOOL, &ifr) == 0 && ev.data != 0;
+  if (was_on) ethtool_set(fd, ifname, ETHTOOL_SGRO, 0);
+  close(fd);
+  return was_on;
+}
+
+void restore_receive_offloads(const std::string& ifname) {
   int fd = socket(AF_INET, SOCK_DGRAM, 0);
   if (fd < 0) return;
-  ethtool_set(fd, ifname, ETHTOOL_SGRO, 0);
+  ethtool_set(fd, ifname, ETHTOOL_SGRO, 1);
   close(fd);
 }
 

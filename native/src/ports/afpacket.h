@@ -13,9 +13,9 @@
 // Transmit: sendmmsg on the same socket with PACKET_QDISC_BYPASS (straight to
 // the driver, as a DPDK port would).
 // The interface is put in promiscuous mode (a membership, dropped with the
-// socket) and GRO, the receive offload that merges frames, is turned off (and
-// left off when dpu exits, as ethtool would leave it; LRO is off on veth and
-// forwarding hosts already).
+// socket) and GRO, the receive offload that merges frames, is turned off for
+// as long as dpu runs (LiveRunner turns it back on at stop; LRO is off on
+// veth and forwarding hosts already).
 //
 // Offloads a local sender left undone: with PACKET_VNET_HDR the kernel says,
 // per frame, where a checksum is still to be filled in and whether the frame
@@ -95,8 +95,11 @@ class AfPacketQueue : public PortQueue {
 };
 
 // Offloads that would merge frames before the ring sees them: off, so the
-// dataplane sees frames as they were on the wire. Best effort.
-void disable_receive_offloads(const std::string& ifname);
+// dataplane sees frames as they were on the wire. Best effort. Returns true
+// when GRO was on: the caller turns it back on (restore_receive_offloads)
+// when it lets the interface go.
+bool disable_receive_offloads(const std::string& ifname);
+void restore_receive_offloads(const std::string& ifname);
 
 // The live runner's factory (live.cc): an AF_PACKET queue for spec.
 Status open_afpacket_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>* out);
