@@ -1084,6 +1084,10 @@ def test_ct_resume_after_conntrack_matches_the_model():
     # client data 2..6 (mark 7 from the second on, resumed from the third) and server data 2..6,
     # and the last segment of the new connection
     assert with_cache["ct_resumed"] >= 8, with_cache
+    # Without the EMC, the pass after conntrack tries the megaflow that followed the same ct
+    # megaflow last time: every established packet after the first of each kind, when its key
+    # still matches (not after the mark changed, nor for the new connection's first packets).
+    assert without["ct_resumed"] == 0 and without["ct_hinted"] >= 8, without
     assert with_cache["passes"] == without["passes"] and with_cache["recirculations"] == without["recirculations"]
     assert Ether(outs[2 * 5 + 3][0][1]).dst == "02:00:00:00:00:77"  # the cached megaflow's actions ran
 

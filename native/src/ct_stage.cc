@@ -25,12 +25,12 @@ void Worker::ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpA
     k = static_cast<uint32_t>(ct_keys_.size());
     ct_keys_.push_back(key);
   }
-  ct_jobs_.push_back(CtJob{p, a.ct, rest, static_cast<uint32_t>(n_rest), k, 0, 0});
+  ct_jobs_.push_back(CtJob{p, a.ct, rest, static_cast<uint32_t>(n_rest), k, 0, 0, nullptr});
 }
 
-void Worker::ct_enqueue_resumable(Packet* p, const DpAction& a, uint32_t slot, uint32_t stamp) {
-  if (ct_resume_) __builtin_prefetch(&(*ct_resume_)[slot]);  // read at the stage, if the slot resumes
-  ct_jobs_.push_back(CtJob{p, a.ct, nullptr, 0, 0, slot + 1, stamp});
+void Worker::ct_enqueue_resumable(Packet* p, Megaflow* mf, uint32_t slot, uint32_t stamp) {
+  if (slot && ct_resume_) __builtin_prefetch(&(*ct_resume_)[slot - 1]);  // read at the stage, if the slot resumes
+  ct_jobs_.push_back(CtJob{p, mf->acts[0].ct, nullptr, 0, 0, slot, stamp, mf});
 }
 
 static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
@@ -40,6 +40,7 @@ static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
   md.ct_mark = r.mark;
   CtPacketMeta& ct = p->ct;
   ct.resume = 0;
+  ct.after = nullptr;
   const uint64_t label[2] = {__builtin_bswap64(static_cast<uint64_t>(r.label >> 64)),
                              __builtin_bswap64(static_cast<uint64_t>(r.label))};
   std::memcpy(ct.label, label, 16);  // network order
@@ -87,6 +88,12 @@ static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
 // the next pass supplies its megaflow and key (ct_fill_resume), and the slot
 // is marked if it still holds the same key (its stamp). An EMC insert into
 // the slot or a cache flush unmarks it.
+//
+// Without an EMC slot (more connections than slots), a lone ct(table=T)
+// megaflow still shortens the next pass: the job carries the megaflow, the
+// recirculated packet carries it (CtPacketMeta::after), and the next pass
+// tries the megaflow that followed it last time (Megaflow::after_ct) with a
+// masked compare before any cache lookup (worker.cc).
 
 void Worker::ct_note_resume(Packet* p, uint32_t slot, uint32_t stamp, const CtResult& r) {
   if (!r.conn || (r.state & (kCsNew | kCsInvalid | kCsRelated)) || !(r.state & kCsEstablished)) return;
@@ -201,6 +208,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
         continue;
       }
       if (job.slot) ct_note_resume(job.p, job.slot - 1, job.stamp, r);
+      job.p->ct.after = job.from;  // its next pass tries what followed this megaflow last time
       next.push_back(job.p);
     } else {
       const Flow key = ct_keys_[job.key];  // copied: the continuation may add keys

@@ -54,6 +54,10 @@ struct alignas(64) Megaflow {
   bool ct_resume = false;
   // Some action makes another pass (ct, a tunnel pop), possibly in a clone.
   bool recirculates = false;
+  // For a ct_resume megaflow: the megaflow the pass after its conntrack
+  // found last time. A hint only: the next packet uses it if its key
+  // matches it (matches()), else looks up as usual and updates it.
+  Megaflow* after_ct = nullptr;
   // the rest: lookup key, ownership, stats push
   uint64_t key[kKeyWords];   // masked
   const Subtable* st = nullptr;
@@ -64,6 +68,10 @@ struct alignas(64) Megaflow {
   std::vector<XcacheEntry> xcache;
   uint64_t pushed_packets = 0, pushed_bytes = 0;  // already credited to rules
 };
+
+// Key `k` (Flow words) is one of the megaflow's: every megaflow a key
+// matches gives it the same actions, so a match is as good as a lookup.
+bool megaflow_matches(const Megaflow& mf, const word_t* k);
 
 struct Subtable {
   uint64_t mask[kKeyWords];
@@ -116,6 +124,16 @@ struct Subtable {
     }
   }
 };
+
+inline bool megaflow_matches(const Megaflow& mf, const word_t* k) {
+  const Subtable& st = *mf.st;
+  uint64_t d = 0;
+  for (uint8_t i = 0; i < st.n_idx; i++) {
+    const uint8_t j = st.idx[i];
+    d |= (k[j] & st.mask[j]) ^ mf.key[j];
+  }
+  return d == 0;
+}
 
 class Dpcls {
  public:

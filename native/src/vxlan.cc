@@ -120,6 +120,7 @@ void Worker::send_too_big(Packet* p, const Flow& key, const TnlHeader& a) {
   if (!r) return;
   r->md = p->md;
   r->tun6 = p->tun6;
+  if (p->md.ct_state) r->ct = p->ct;  // valid whenever ct_state is set, as in a clone
   r->origin = p->origin;
   uint8_t* d = r->data();
   std::memcpy(d, key.dl_src, 6);

@@ -275,23 +275,43 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   if (__builtin_expect(fast_tunnel_ && !tnl_terms_.empty(), 0)) n = parse_stage<true>(pkts, n, keys, live, first);
   else n = parse_stage<false>(pkts, n, keys, live, first);
   pkts = live;
+  // The EMC entry of each hit (kNoSlot for a miss) and its stamp now: a miss
+  // later in this sub-batch may insert another key into the same entry.
+  uint32_t slots[kChunk], stamps[kChunk];
+  constexpr uint32_t kNoSlot = ~0u;
+  // A packet back from conntrack tries the megaflow that followed its lone
+  // ct(table=T) megaflow last time (Megaflow::after_ct); the others, and
+  // those whose key it does not match, are looked up: look[].
   // Hashed in a second loop: reading a key right after parse wrote it in
   // smaller pieces would stall on store-to-load forwarding.
+  uint8_t look[kChunk];
+  uint32_t n_look = 0, n_hinted = 0;
   for (uint32_t i = 0; i < n; i++) {
+    slots[i] = kNoSlot;
+    mfs[i] = nullptr;
+    const Packet* p = pkts[i];
+    if (p->md.ct_state && p->ct.after) {
+      Megaflow* next = static_cast<const Megaflow*>(p->ct.after)->after_ct;
+      if (next && megaflow_matches(*next, words(keys[i]))) {
+        mfs[i] = next;
+        __builtin_prefetch(next);
+        n_hinted++;
+        continue;
+      }
+    }
     hashes[i] = hash_key(keys[i]);
     emc_.prefetch(hashes[i]);
+    look[n_look++] = static_cast<uint8_t>(i);
   }
   counters.passes += n;
+  counters.megaflow_hits += n_hinted;
+  counters.ct_hinted += n_hinted;
   if (profile_) {
     t1 = cycles_now();
     counters.cycles[STAGE_PARSE] += t1 - t0;
     t0 = t1;
   }
 
-  // The EMC entry of each hit (kNoSlot for a miss) and its stamp now: a miss
-  // later in this sub-batch may insert another key into the same entry.
-  uint32_t slots[kChunk], stamps[kChunk];
-  constexpr uint32_t kNoSlot = ~0u;
   // Each key's first way, then the second way of those that missed it (the
   // second ways' lines fetched in between, all at once).
   uint8_t second[kChunk];
@@ -301,9 +321,8 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     __builtin_prefetch(mf);
     stamps[i] = emc_.stamp(slots[i]);
   };
-  for (uint32_t i = 0; i < n; i++) {
-    slots[i] = kNoSlot;
-    mfs[i] = nullptr;
+  for (uint32_t k = 0; k < n_look; k++) {
+    const uint32_t i = look[k];
     if (Megaflow* mf = emc_.lookup_first(keys[i], hashes[i], &slots[i])) {
       hit(i, mf);
     } else {
@@ -316,7 +335,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     if (Megaflow* mf = emc_.lookup_second(keys[i], hashes[i], &slots[i])) hit(i, mf);
     else miss[n_miss++] = static_cast<uint8_t>(i);
   }
-  counters.emc_hits += n - n_miss;
+  counters.emc_hits += n_look - n_miss;
   if (profile_) {
     t1 = cycles_now();
     counters.cycles[STAGE_EMC] += t1 - t0;
@@ -415,13 +434,18 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       tenant = xo.tenant;
     }
     enter_tenant(p, tenant);
+    if (__builtin_expect(p->md.ct_state != 0 && p->ct.after != nullptr, 0)) {
+      Megaflow* from = static_cast<Megaflow*>(p->ct.after);
+      p->ct.after = nullptr;
+      if (mf && from->after_ct != mf) from->after_ct = mf;
+    }
     // Resuming after conntrack (ct_stage.cc): a packet the stage noted fills
-    // its slot's cache now; a packet whose key the EMC knows and whose
-    // megaflow is a lone ct(table=T) goes to the stage with its slot.
+    // its slot's cache now; a packet whose megaflow is a lone ct(table=T)
+    // goes to the stage with that megaflow and its EMC slot, if any.
     if (__builtin_expect(p->md.ct_state != 0 && p->ct.resume != 0, 0)) ct_fill_resume(p, mf, keys[i]);
-    if (__builtin_expect(mf != nullptr && mf->ct_resume, 0) && slots[i] != kNoSlot && p->md.ct_state == 0 &&
-        !trace_) {
-      ct_enqueue_resumable(p, mf->acts[0], slots[i], stamps[i]);
+    if (__builtin_expect(mf != nullptr && mf->ct_resume, 0) && p->md.ct_state == 0 && !trace_) {
+      if (slots[i] != kNoSlot) ct_enqueue_resumable(p, mf, slots[i] + 1, stamps[i]);
+      else ct_enqueue_resumable(p, mf, 0, 0);
       continue;
     }
     run_actions(p, keys[i], acts, n_acts, recirc);

@@ -267,7 +267,8 @@ class Worker {
   void emit(uint32_t port, Packet* p, bool counts_as_output);
   // conntrack (ct_stage.cc)
   void ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpAction* rest, size_t n_rest);
-  void ct_enqueue_resumable(Packet* p, const DpAction& a, uint32_t slot, uint32_t stamp);
+  // A packet whose megaflow `mf` is a lone ct(table=T); slot: 1 + its key's EMC slot, or 0.
+  void ct_enqueue_resumable(Packet* p, Megaflow* mf, uint32_t slot, uint32_t stamp);
   void conntrack_stage(std::vector<Packet*>& next);
   void ct_note_resume(Packet* p, uint32_t slot, uint32_t stamp, const CtResult& r);
   void ct_resume(Packet* p, const CtResume& e, std::vector<Packet*>& next);
@@ -320,6 +321,7 @@ class Worker {
     uint32_t key;    // index in ct_keys_
     uint32_t slot;   // 1 + the EMC slot of the pass's key when its megaflow is a lone ct(table=T), else 0
     uint32_t stamp;  // that slot's stamp then
+    Megaflow* from;  // that megaflow (with or without a slot), else null
   };
   std::vector<CtJob> ct_jobs_;
   std::vector<uint8_t> ct_known_;            // by job: its slot's cached connection is tried first

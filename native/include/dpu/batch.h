@@ -62,7 +62,9 @@ struct CtPacketMeta {
   uint8_t proto = 0;               // 0: no tuple (untracked or invalid)
   uint8_t ipv6 = 0;
   uint16_t resume = 0;             // the worker's note to cache this packet's next pass (1 + index), 0: none
+  void* after = nullptr;           // the lone ct(table=T) megaflow that sent it here (Worker, "hint"), or null
 };
+static_assert(sizeof(CtPacketMeta) <= 64, "conntrack results fit one line");
 
 // Line 0: metadata and offsets (all a pass reads); line 1: IPv6 tunnel
 // addresses; line 2: conntrack results; then the buffer, whose frame starts
