@@ -570,6 +570,9 @@ void Conntrack::decide(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp,
     r->drop = drop;
     return;
   }
+  // The reply key's bucket (known only now that NAT chose the port), for
+  // insert() to read after the locks.
+  prefetch_head(c->node[1].hash);
   if (eif_ref) c->mapping = eif_ref;
   refresh(c, now);
   c->owner = static_cast<uint8_t>(w.slot_);
