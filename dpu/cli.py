@@ -477,7 +477,8 @@ def cmd_run(args) -> int:
     from .live import LiveOptions, parse_port_args, run
 
     opts = LiveOptions(ports=parse_port_args(args.port), config=args.config, flows=args.flows, workers=args.workers,
-                       io=args.io, ctl=None if args.no_ctl else args.ctl, metrics=args.metrics, burst=args.burst)
+                       io=args.io, ctl=None if args.no_ctl else args.ctl, metrics=args.metrics, burst=args.burst,
+                       drops_pcap=args.drops_pcap)
     return run(opts)
 
 
@@ -770,6 +771,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="serve Prometheus metrics here (off by default; host defaults to 127.0.0.1)")
     sp.add_argument("--burst", type=_int_arg(1, 256), default=32,
                     help="frames a worker takes from a queue at a time (1-256)")
+    sp.add_argument("--drops-pcap", metavar="FILE", default=None,
+                    help="write every dropped packet to FILE while running (pcapng, as dpu replay --drops-pcap: "
+                         "each packet's comment names its drop reason and port)")
     sp.set_defaults(func=cmd_run)
 
     sp = sub.add_parser("dump-flows", help="print the running dpu's flows (ovs-ofctl dump-flows)")

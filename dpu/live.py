@@ -46,6 +46,7 @@ class LiveOptions:
     metrics: Optional[str] = None                # "host:port"
     burst: int = 32
     arp_refresh_s: float = 30.0
+    drops_pcap: Optional[str] = None             # every dropped packet to this pcapng file
 
 
 def parse_port_args(values: Sequence[str]) -> List[Tuple[str, str]]:
@@ -196,6 +197,8 @@ class Instance:
                 w = check_afxdp_queues(name, ifname, o.workers)
                 if w:
                     self.warnings.append(w)
+        if o.drops_pcap:
+            check_drops_path(os.fspath(o.drops_pcap))
         if not _has_cap(CAP_NET_RAW):
             raise LiveError("dpu run needs root or CAP_NET_RAW to open its interfaces")
         for p in dp.port_info():
@@ -204,7 +207,8 @@ class Instance:
         self.dp = dp
         self.attached = dict(o.ports)
         ports = [(dp.port_number(name), ifname) for name, ifname in o.ports]
-        self.runner = dp._core.live(ports, io=o.io, burst=o.burst, first_worker=1)
+        self.runner = dp._core.live(ports, io=o.io, burst=o.burst, first_worker=1,
+                                    drops_pcap=os.fspath(o.drops_pcap) if o.drops_pcap else "")
         try:
             if o.ctl:
                 from .control import ControlServer
@@ -373,6 +377,12 @@ class Instance:
         rate = p["packets"] / secs / 1e6 if secs > 0 else 0.0
         lines.append(f"\nRan {secs:.1f}s with {self.opts.workers} worker(s) on {self.opts.io}: "
                      f"{p['packets']:,} packets ({rate:.3f} Mpps average)")
+        if self.opts.drops_pcap:
+            try:
+                self.runner.check_drops()
+                lines.append(f"drops: {self.runner.drops_written:,} packets written to {self.opts.drops_pcap}")
+            except DpuError as e:
+                lines.append(f"drops: {e}")
         return "\n".join(lines)
 
 
@@ -406,6 +416,23 @@ def run(opts: LiveOptions, out=None) -> int:
         inst.stop()
     print(inst.final_report(), file=out, flush=True)
     return 0
+
+
+def check_drops_path(path: str) -> None:
+    """A drops file dpu can create, checked before anything starts (the file
+    itself is created when the workers start)."""
+    import errno
+
+    parent = os.path.dirname(os.path.abspath(path))
+    err = 0
+    if os.path.isdir(path):
+        err = errno.EISDIR
+    elif not os.path.isdir(parent):
+        err = errno.ENOENT
+    elif not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        err = errno.EACCES
+    if err:
+        raise LiveError(f"{path}: cannot write the drops file: {os.strerror(err)}")
 
 
 def socket_path_ok(path: str) -> None:

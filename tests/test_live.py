@@ -122,6 +122,29 @@ def test_snat_floating_and_forward_with_two_workers(lab):
     d.stop()
 
 
+def test_drops_pcap_records_what_the_dataplane_dropped(lab, tmp_path):
+    """`dpu run --drops-pcap FILE`: an unsolicited datagram from the internet to the public
+    address is dropped, and the file (pcapng, as replay writes it) has it with its reason
+    and port; the final report says how many were written."""
+    if not shutil.which("tshark"):
+        pytest.skip("tshark is not installed (apt-get install tshark)")
+    drops = tmp_path / "drops.pcapng"
+    d = lab.start_dpu(extra=("--drops-pcap", str(drops)))
+    assert lab.udp_ask("inet", "203.0.113.10", 9999, "knock") == "timeout"
+    assert lab.udp_ask("vm1", SERVER_IP, 9998, "out") == "timeout"  # goes out (nothing listens there)
+    rc, out, err = d.stop()
+    assert rc == 0, err
+    m = re.search(r"^drops: (\d+) packets written to (.+)$", out, re.M)
+    assert m and m.group(2) == str(drops), out
+    r = subprocess.run(["tshark", "-r", str(drops), "-T", "fields", "-E", "separator=|", "-e", "frame.comment",
+                        "-e", "ip.dst", "-e", "udp.dstport"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("|") for line in r.stdout.splitlines()]
+    assert len(rows) == int(m.group(1)), rows
+    assert ["drop_reason=nat_unsolicited in_port=inet", "203.0.113.10", "9999"] in rows, rows
+    assert not [row for row in rows if row[2] == "9998"], "what was forwarded is not in the drops file"
+
+
 # ---- changes while running -----------------------------------------------------------------------
 
 def test_flows_and_reload_while_a_transfer_runs(lab, tmp_path):
@@ -355,6 +378,8 @@ def test_errors_before_start_are_one_line(lab, tmp_path):
         "unknown port": (["--config", topo, "--port", "vm9=vm1"], "the topology has no port vm9"),
         "bad config": (["--config", str(bad), "--port", "vm1=vm1"], "TopologyError"),
         "no port": (["--config", topo], "the following arguments are required: --port"),
+        "drops file": (["--config", topo, "--port", "vm1=vm1", "--drops-pcap", str(tmp_path / "no" / "d.pcapng")],
+                       f"{tmp_path / 'no' / 'd.pcapng'}: cannot write the drops file: No such file or directory"),
     }
     for what, (args, text) in cases.items():
         r = lab.run_dpu(*args, "--ctl", ctl)

@@ -507,6 +507,8 @@ void bind_live(py::module_& m, DataplaneClass& c) {
              r.stop();
            })
       .def_property_readonly("running", &LiveRunner::running)
+      .def_property_readonly("drops_written", &LiveRunner::drops_written)
+      .def("check_drops", [](const LiveRunner& r) { check(r.drops_status()); })
       .def("queue_stats", [](const LiveRunner& r) {
         py::list out;
         for (const LiveQueueStats& q : r.queue_stats()) {
@@ -523,8 +525,9 @@ void bind_live(py::module_& m, DataplaneClass& c) {
   c.def(
       "live",
       [](Dataplane& dp, const std::vector<std::pair<uint32_t, std::string>>& ports, const std::string& io,
-         uint32_t burst, uint32_t idle_ms, uint32_t first_worker) {
+         uint32_t burst, uint32_t idle_ms, uint32_t first_worker, const std::string& drops_pcap) {
         LiveConfig cfg;
+        cfg.drops_pcap = drops_pcap;
         for (const auto& p : ports) cfg.ports.push_back({p.first, p.second});
         cfg.io = io;
         cfg.burst = std::max<uint32_t>(1, std::min<uint32_t>(burst, kBatchMax));
@@ -533,7 +536,7 @@ void bind_live(py::module_& m, DataplaneClass& c) {
         return std::make_unique<LiveRunner>(&dp, std::move(cfg));
       },
       py::arg("ports"), py::arg("io") = "afpacket", py::arg("burst") = 32, py::arg("idle_ms") = 1,
-      py::arg("first_worker") = 0,
+      py::arg("first_worker") = 0, py::arg("drops_pcap") = "",
       py::keep_alive<0, 1>());
 }
 

@@ -42,6 +42,19 @@ Status LiveRunner::start() {
   else return Status::Error(Err::INVALID, "unknown I/O backend '" + cfg_.io + "' (afpacket, afxdp)");
   if (cfg_.first_worker >= dp_->n_workers()) return Status::Error(Err::INVALID, "no worker left for the ports");
   const size_t n_workers = dp_->n_workers() - cfg_.first_worker;
+  if (!cfg_.drops_pcap.empty()) {
+    std::vector<std::string> names;
+    for (const PortInfo& p : dp_->ports()) {
+      if (names.size() <= p.ofport) names.resize(p.ofport + 1);
+      names[p.ofport] = p.name;
+    }
+    drops_ = std::make_unique<PcapngDropWriter>(cfg_.drops_pcap, std::move(names), "dpu run --drops-pcap");
+    Status st = drops_->open();
+    if (!st.ok()) {
+      drops_.reset();
+      return st;
+    }
+  }
   queues_.clear();
   queues_.resize(n_workers);
   const int fanout_base = (getpid() & 0xfff) << 4;
@@ -60,11 +73,17 @@ Status LiveRunner::start() {
       if (!st.ok()) {
         queues_.clear();
         restore_offloads();
+        if (drops_) {  // nothing ran: no drops file either
+          drops_->close();
+          drops_.reset();
+          unlink(cfg_.drops_pcap.c_str());
+        }
         return st;
       }
       queues_[w].push_back(std::move(q));
     }
   }
+  if (drops_) set_drop_sinks(drops_.get());
   stop_.store(false);
   for (size_t w = 0; w < n_workers; w++) threads_.emplace_back([this, w] { loop(w); });
   return Status::Ok();
@@ -79,6 +98,19 @@ void LiveRunner::stop() {
   // Counts made since the last housekeeping reach the rules.
   dp_->sync_stats();
   restore_offloads();
+  if (drops_) {
+    set_drop_sinks(nullptr);
+    Status st = drops_->close();
+    if (!st.ok()) drops_status_ = st;
+  }
+}
+
+void LiveRunner::set_drop_sinks(DropSink* s) {
+  for (size_t w = cfg_.first_worker; w < dp_->n_workers(); w++) {
+    Worker& wk = dp_->worker(w);
+    std::lock_guard<std::mutex> g(wk.mu);
+    wk.set_drop_sink(s);
+  }
 }
 
 void LiveRunner::restore_offloads() {

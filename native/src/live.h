@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "dataplane.h"
+#include "drop_writer.h"
 #include "ports/afpacket.h"
 #include "ports/afxdp.h"
 
@@ -49,6 +50,7 @@ struct LiveConfig {
   uint32_t idle_ms = 1;
   uint32_t yield_every = 64;
   uint32_t housekeeping_ms = 50;
+  std::string drops_pcap;        // every dropped arrival to this pcapng file ("": none)
 };
 
 // What each worker's queues saw, per port (summed over workers by stats()).
@@ -68,8 +70,11 @@ class LiveRunner {
   // Opens every queue of every worker first (any error, nothing runs), then
   // starts the threads.
   Status start();
-  // Joins the threads; GRO goes back on where start() turned it off.
+  // Joins the threads; GRO goes back on where start() turned it off; the
+  // drops file is closed (its status: drops_status()).
   void stop();
+  uint64_t drops_written() const { return drops_ ? drops_->packets() : 0; }
+  const Status& drops_status() const { return drops_status_; }
   bool running() const { return !threads_.empty(); }
   std::vector<LiveQueueStats> queue_stats() const;
 
@@ -84,6 +89,9 @@ class LiveRunner {
   std::atomic<bool> stop_{false};
   std::vector<std::string> gro_off_;  // interfaces whose GRO start() turned off: back on at stop()
   void restore_offloads();
+  std::unique_ptr<PcapngDropWriter> drops_;
+  Status drops_status_;
+  void set_drop_sinks(DropSink* s);
 };
 
 }  // namespace dpu

@@ -10,6 +10,8 @@
 // released.
 #pragma once
 
+#include "drop_writer.h"
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,7 +79,6 @@ class Replayer {
 
  private:
   class Writers;
-  class DropWriter;
   Status open_drops();
 
   Dataplane* dp_;
@@ -86,7 +87,7 @@ class Replayer {
   std::unique_ptr<PcapRx> rx_;
   std::unique_ptr<Writers> writers_;
   std::string drops_path_;
-  std::unique_ptr<DropWriter> drops_;
+  std::unique_ptr<PcapngDropWriter> drops_;
   bool done_ = false;
 };
 
