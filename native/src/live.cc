@@ -57,16 +57,25 @@ Status LiveRunner::start() {
   }
   queues_.clear();
   queues_.resize(n_workers);
+  queue_port_.assign(n_workers, {});
   const int fanout_base = (getpid() & 0xfff) << 4;
   for (size_t pi = 0; pi < cfg_.ports.size(); pi++) {
     const LivePort& lp = cfg_.ports[pi];
     if (disable_receive_offloads(lp.ifname)) gro_off_.push_back(lp.ifname);
-    for (size_t w = 0; w < n_workers; w++) {
+    // AF_PACKET: one socket per worker (a fanout group spreads the flows).
+    // AF_XDP: one socket per receive queue of the interface, queue i on
+    // worker i mod N, so no queue's frames are left to the kernel.
+    size_t n = n_workers;
+    if (cfg_.io == "afxdp") n = std::max<size_t>(n, interface_queues(lp.ifname));
+    for (size_t i = 0; i < n; i++) {
+      const size_t w = i % n_workers;
       QueueSpec spec;
       spec.ifname = lp.ifname;
       spec.ofport = lp.ofport;
       spec.worker = static_cast<uint32_t>(w);
       spec.n_workers = static_cast<uint32_t>(n_workers);
+      spec.queue = static_cast<uint32_t>(i);
+      spec.n_queues = static_cast<uint32_t>(n);
       spec.group = static_cast<int>((fanout_base + pi) & 0xffff);
       std::unique_ptr<PortQueue> q;
       Status st = open_queue(spec, &q);
@@ -81,6 +90,7 @@ Status LiveRunner::start() {
         return st;
       }
       queues_[w].push_back(std::move(q));
+      queue_port_[w].push_back(pi);
     }
   }
   if (drops_) set_drop_sinks(drops_.get());
@@ -124,12 +134,14 @@ std::vector<LiveQueueStats> LiveRunner::queue_stats() const {
     LiveQueueStats s;
     s.ofport = cfg_.ports[pi].ofport;
     s.ifname = cfg_.ports[pi].ifname;
-    for (const auto& qs : queues_) {
-      if (pi >= qs.size()) continue;
-      const QueueCounters& c = qs[pi]->counters;
-      s.c.rx_ring_drops += __atomic_load_n(&c.rx_ring_drops, __ATOMIC_RELAXED);
-      s.c.rx_truncated += __atomic_load_n(&c.rx_truncated, __ATOMIC_RELAXED);
-      s.c.tx_refused += __atomic_load_n(&c.tx_refused, __ATOMIC_RELAXED);
+    for (size_t w = 0; w < queues_.size(); w++) {
+      for (size_t k = 0; k < queues_[w].size(); k++) {
+        if (queue_port_[w][k] != pi) continue;
+        const QueueCounters& c = queues_[w][k]->counters;
+        s.c.rx_ring_drops += __atomic_load_n(&c.rx_ring_drops, __ATOMIC_RELAXED);
+        s.c.rx_truncated += __atomic_load_n(&c.rx_truncated, __ATOMIC_RELAXED);
+        s.c.tx_refused += __atomic_load_n(&c.tx_refused, __ATOMIC_RELAXED);
+      }
     }
     out.push_back(s);
   }
@@ -143,8 +155,9 @@ void LiveRunner::loop(size_t wi) {
   for (const LivePort& lp : cfg_.ports) max_port = std::max(max_port, lp.ofport);
   std::vector<TxQueue*> by_port(max_port + 1, nullptr);
   std::vector<pollfd> pfds;
-  for (size_t i = 0; i < qs.size(); i++) {
-    by_port[cfg_.ports[i].ofport] = qs[i].get();
+  for (size_t i = 0; i < qs.size(); i++) {  // a port's frames leave through this worker's first queue of it
+    TxQueue*& tx = by_port[cfg_.ports[queue_port_[wi][i]].ofport];
+    if (!tx) tx = qs[i].get();
     pfds.push_back(pollfd{qs[i]->fd(), POLLIN, 0});
   }
   Sink sink(by_port);

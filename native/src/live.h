@@ -1,9 +1,10 @@
 // live.h: the dataplane on Linux interfaces (`dpu run`): worker threads over
 // port queues.
 //
-// Worker i owns one queue of every attached port (AF_PACKET sockets of an
-// interface form one fanout group, so the kernel spreads each interface's
-// flows over the workers), its caches and its counters; tables are shared
+// Worker i owns at least one queue of every attached port (AF_PACKET sockets
+// of an interface form one fanout group, so the kernel spreads each
+// interface's flows over the workers; AF_XDP binds every receive queue of the
+// interface, queue q to worker q mod N), its caches and its counters; tables are shared
 // (read-mostly, versioned) and so is conntrack, so the two directions of a
 // connection work whichever worker sees them.
 //
@@ -84,7 +85,8 @@ class LiveRunner {
 
   Dataplane* dp_;
   LiveConfig cfg_;
-  std::vector<std::vector<std::unique_ptr<PortQueue>>> queues_;  // [worker][attached port]
+  std::vector<std::vector<std::unique_ptr<PortQueue>>> queues_;  // [worker][k]
+  std::vector<std::vector<size_t>> queue_port_;                   // [worker][k]: its port's index in cfg_.ports
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
   std::vector<std::string> gro_off_;  // interfaces whose GRO start() turned off: back on at stop()

@@ -65,20 +65,6 @@ Status xdp_error(const std::string& ifname, const char* what, int err) {
   return Status::Error(Err::IO, msg);
 }
 
-// Receive and transmit queues the interface has (sysfs of this namespace);
-// 0 when it cannot be read.
-uint32_t interface_queues(const std::string& ifname) {
-  DIR* d = opendir(("/sys/class/net/" + ifname + "/queues").c_str());
-  if (!d) return 0;
-  uint32_t rx = 0, tx = 0;
-  while (const dirent* e = readdir(d)) {
-    if (!std::strncmp(e->d_name, "rx-", 3)) rx++;
-    else if (!std::strncmp(e->d_name, "tx-", 3)) tx++;
-  }
-  closedir(d);
-  return std::min(rx, tx);
-}
-
 // ---- the XDP program -------------------------------------------------------
 //   r2 = ctx->rx_queue_index
 //   return bpf_redirect_map(&xsks, r2, XDP_PASS)   (no XSK on that queue: the kernel's)
@@ -147,7 +133,7 @@ Status attach(const QueueSpec& spec, int ifindex, std::shared_ptr<XdpAttachment>
   a->ifname = spec.ifname;
   a->ifindex = ifindex;
   a->map_fd = bpf_map_create(BPF_MAP_TYPE_XSKMAP, "dpu_xsks", sizeof(int), sizeof(int),
-                             std::max<uint32_t>(spec.n_workers, 1), nullptr);
+                             std::max<uint32_t>({spec.n_queues, spec.n_workers, 1}), nullptr);
   if (a->map_fd < 0) return xdp_error(spec.ifname, "XSKMAP", errno);
   a->frags = true;
   a->prog_fd = load_program(a->map_fd, true);
@@ -275,7 +261,7 @@ Status AfXdpQueue::create_socket(const QueueSpec& spec, uint16_t bind_flags) {
 
 Status AfXdpQueue::open(const QueueSpec& spec) {
   ofport_ = spec.ofport;
-  queue_ = spec.worker;
+  queue_ = spec.queue;
   const int ifindex = static_cast<int>(if_nametoindex(spec.ifname.c_str()));
   if (!ifindex) return Status::Error(Err::IO, "no interface named " + spec.ifname);
   const uint32_t nq = interface_queues(spec.ifname);

@@ -16,6 +16,9 @@
 // Thread-safety: a queue belongs to one worker thread.
 #pragma once
 
+#include <dirent.h>
+#include <cstring>
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -66,7 +69,23 @@ struct QueueSpec {
   uint32_t ofport = 0;
   uint32_t worker = 0;      // this queue's worker, 0..n_workers-1
   uint32_t n_workers = 1;
+  uint32_t queue = 0;       // AF_XDP: the interface's receive queue it binds
+  uint32_t n_queues = 1;    // AF_XDP: how many the interface has (all bound, spread over the workers)
   int group = -1;           // a number shared by the queues of one interface (AF_PACKET fanout group)
 };
+
+// Receive and transmit queues the interface has (sysfs of this namespace);
+// 0 when it cannot be read.
+inline uint32_t interface_queues(const std::string& ifname) {
+  DIR* d = opendir(("/sys/class/net/" + ifname + "/queues").c_str());
+  if (!d) return 0;
+  uint32_t rx = 0, tx = 0;
+  while (const dirent* e = readdir(d)) {
+    if (!std::strncmp(e->d_name, "rx-", 3)) rx++;
+    else if (!std::strncmp(e->d_name, "tx-", 3)) tx++;
+  }
+  closedir(d);
+  return std::min(rx, tx);
+}
 
 }  // namespace dpu
