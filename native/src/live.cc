@@ -42,19 +42,6 @@ Status LiveRunner::start() {
   else return Status::Error(Err::INVALID, "unknown I/O backend '" + cfg_.io + "' (afpacket, afxdp)");
   if (cfg_.first_worker >= dp_->n_workers()) return Status::Error(Err::INVALID, "no worker left for the ports");
   const size_t n_workers = dp_->n_workers() - cfg_.first_worker;
-  if (!cfg_.drops_pcap.empty()) {
-    std::vector<std::string> names;
-    for (const PortInfo& p : dp_->ports()) {
-      if (names.size() <= p.ofport) names.resize(p.ofport + 1);
-      names[p.ofport] = p.name;
-    }
-    drops_ = std::make_unique<PcapngDropWriter>(cfg_.drops_pcap, std::move(names), "dpu run --drops-pcap");
-    Status st = drops_->open();
-    if (!st.ok()) {
-      drops_.reset();
-      return st;
-    }
-  }
   queues_.clear();
   queues_.resize(n_workers);
   queue_port_.assign(n_workers, {});
@@ -82,18 +69,29 @@ Status LiveRunner::start() {
       if (!st.ok()) {
         queues_.clear();
         restore_offloads();
-        if (drops_) {  // nothing ran: no drops file either
-          drops_->close();
-          drops_.reset();
-          unlink(cfg_.drops_pcap.c_str());
-        }
         return st;
       }
       queues_[w].push_back(std::move(q));
       queue_port_[w].push_back(pi);
     }
   }
-  if (drops_) set_drop_sinks(drops_.get());
+  // The drops file last: a queue that fails to open leaves an earlier file alone.
+  if (!cfg_.drops_pcap.empty()) {
+    std::vector<std::string> names;
+    for (const PortInfo& p : dp_->ports()) {
+      if (names.size() <= p.ofport) names.resize(p.ofport + 1);
+      names[p.ofport] = p.name;
+    }
+    drops_ = std::make_unique<PcapngDropWriter>(cfg_.drops_pcap, std::move(names), "dpu run --drops-pcap");
+    Status st = drops_->open();
+    if (!st.ok()) {
+      drops_.reset();
+      queues_.clear();
+      restore_offloads();
+      return st;
+    }
+    set_drop_sinks(drops_.get());
+  }
   stop_.store(false);
   for (size_t w = 0; w < n_workers; w++) threads_.emplace_back([this, w] { loop(w); });
   return Status::Ok();
