@@ -18,6 +18,7 @@ finish the batch in hand and continue with the new tables.
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import signal
 import socket
@@ -418,8 +419,6 @@ def run(opts: LiveOptions, out=None) -> int:
 def check_drops_path(path: str) -> None:
     """A drops file dpu can create, checked before anything starts (the file
     itself is created when the workers start)."""
-    import errno
-
     parent = os.path.dirname(os.path.abspath(path))
     err = 0
     if os.path.isdir(path):

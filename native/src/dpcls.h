@@ -69,10 +69,6 @@ struct alignas(64) Megaflow {
   uint64_t pushed_packets = 0, pushed_bytes = 0;  // already credited to rules
 };
 
-// Key `k` (Flow words) is one of the megaflow's: every megaflow a key
-// matches gives it the same actions, so a match is as good as a lookup.
-bool megaflow_matches(const Megaflow& mf, const word_t* k);
-
 struct Subtable {
   uint64_t mask[kKeyWords];
   uint8_t idx[kKeyWords];
@@ -94,18 +90,21 @@ struct Subtable {
     }
     return static_cast<uint32_t>(h ^ (h >> 32));
   }
+  // Key `k` (Flow words) under this mask is megaflow `mf`'s masked key.
+  bool matches(const word_t* k, const Megaflow& mf) const {
+    uint64_t d = 0;
+    for (uint8_t i = 0; i < n_idx; i++) {
+      const uint8_t j = idx[i];
+      d |= (k[j] & mask[j]) ^ mf.key[j];
+    }
+    return d == 0;
+  }
   Megaflow* find(const word_t* k, uint32_t h) const {
     size_t m = slots.size() - 1;
     for (size_t pos = h & m;; pos = (pos + 1) & m) {
       const Slot& s = slots[pos];
       if (!s.mf) return nullptr;
-      if (s.hash != h) continue;
-      bool eq = true;
-      for (uint8_t i = 0; i < n_idx && eq; i++) {
-        uint8_t j = idx[i];
-        eq = (k[j] & mask[j]) == s.mf->key[j];
-      }
-      if (eq) return s.mf;
+      if (s.hash == h && matches(k, *s.mf)) return s.mf;
     }
   }
   // find() in steps for a batch: the slot a hash starts at, then the first
@@ -125,15 +124,9 @@ struct Subtable {
   }
 };
 
-inline bool megaflow_matches(const Megaflow& mf, const word_t* k) {
-  const Subtable& st = *mf.st;
-  uint64_t d = 0;
-  for (uint8_t i = 0; i < st.n_idx; i++) {
-    const uint8_t j = st.idx[i];
-    d |= (k[j] & st.mask[j]) ^ mf.key[j];
-  }
-  return d == 0;
-}
+// Key `k` (Flow words) is one of the megaflow's: every megaflow a key
+// matches gives it the same actions, so a match is as good as a lookup.
+inline bool megaflow_matches(const Megaflow& mf, const word_t* k) { return mf.st->matches(k, mf); }
 
 class Dpcls {
  public:

@@ -29,9 +29,9 @@ class MemRx : public RxQueue {
   uint32_t rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, uint32_t cap) override {
     uint32_t got = 0;
     while (got < max && got < cap && more()) {
-      // Frames in any order (a scenario's shuffled connections) are
-      // fetched a few ahead, as a NIC's ring would have them in order and
-      // the hardware prefetcher then does.
+      // Frames not back to back (a caller's shuffled offsets into one
+      // buffer) are fetched a few ahead: a NIC's ring has them in order,
+      // and the hardware prefetcher does that.
       if (scattered_) {
         size_t ahead = next_ + kAhead;
         if (ahead >= n_) ahead = cycle_ && n_ > kAhead ? ahead - n_ : n_ - 1;

@@ -17,9 +17,10 @@
 #pragma once
 
 #include <dirent.h>
-#include <cstring>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
