@@ -25,12 +25,28 @@ void Worker::ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpA
     k = static_cast<uint32_t>(ct_keys_.size());
     ct_keys_.push_back(key);
   }
-  ct_jobs_.push_back(CtJob{p, a.ct, rest, static_cast<uint32_t>(n_rest), k, 0, 0, nullptr});
+  CtJob& j = ct_jobs_.emplace_back();
+  j.p = p;
+  j.spec = a.ct;
+  j.rest = rest;
+  j.n_rest = static_cast<uint32_t>(n_rest);
+  j.key = k;
+  j.slot = j.stamp = 0;
+  j.from = nullptr;
 }
 
 void Worker::ct_enqueue_resumable(Packet* p, Megaflow* mf, uint32_t slot, uint32_t stamp) {
   if (slot && ct_resume_) __builtin_prefetch(&(*ct_resume_)[slot - 1]);  // read at the stage, if the slot resumes
-  ct_jobs_.push_back(CtJob{p, mf->acts[0].ct, nullptr, 0, 0, slot, stamp, mf});
+  // Field by field into the vector: a job built on the stack and copied
+  // whole stalls on store forwarding (its 4-byte stores, then 16-byte loads).
+  CtJob& j = ct_jobs_.emplace_back();
+  j.p = p;
+  j.spec = mf->acts[0].ct;
+  j.rest = nullptr;
+  j.n_rest = j.key = 0;
+  j.slot = slot;
+  j.stamp = stamp;
+  j.from = mf;
 }
 
 static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
