@@ -112,33 +112,42 @@ enum : uint8_t { kNatSrc = 1, kNatDst = 2 };
 
 struct NatMapping;
 
-// Three cache lines: the first two hold what a lookup compares.
+// Three cache lines. The first two hold everything a packet of an
+// established connection reads or writes (keys, expiry, mark, flags, TCP
+// state), so the conntrack stage fetches two lines per packet; the third
+// holds what only insertion, removal and labelled connections touch.
 struct alignas(64) Conn {
-  // ---- lookup: immutable once published ---------------------------------------
-  CtNode node[2];
+  // ---- lines 0-1: keys, immutable once published -----------------------------------
   CtKey key[2];                      // [0] original, [1] reply (after NAT)
+  // ---- lines 0-1: per-packet state ----------------------------------------------------
   std::atomic<int64_t> expires{0};   // ns on the conntrack clock
   std::atomic<uint32_t> mark{0};
   uint8_t nat = 0;                   // kNatSrc / kNatDst
   std::atomic<uint8_t> state{0};     // UDP/ICMP: 0 first, 1 seen both ways; TCP: unused
   std::atomic<uint8_t> lock{0};      // spinlock for TCP state, label and mark writes
   std::atomic<uint8_t> dead{1};      // not in the table: not yet inserted (insert() clears it), or unlinked
-  // ---- mutable state ---------------------------------------------------------------
-  std::atomic<uint64_t> label_hi{0}, label_lo{0};  // the 128-bit ct_label
   TcpTrack tcp{};
-  uint8_t owner = 0;                 // worker slot whose expiry wheel holds it
   uint8_t tmo = 0;                   // timeout class in use (CtTimeoutClass)
-  uint16_t pad = 0;
+  std::atomic<uint8_t> labelled{0};  // a label was ever set (else label_hi/lo are zero, unread)
+  uint8_t owner = 0;                 // worker slot whose expiry wheel holds it
+  uint8_t pad = 0;
+  // ---- line 2: hash chains, label, NAT mapping --------------------------------------
+  CtNode node[2];
+  std::atomic<uint64_t> label_hi{0}, label_lo{0};  // the 128-bit ct_label
   NatMapping* mapping = nullptr;     // SNAT mapping this connection holds a reference on
 
   void spin_lock() {
     while (lock.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
   }
   void spin_unlock() { lock.store(0, std::memory_order_release); }
-  // The connection a chain node belongs to (node[] is the first member).
-  static Conn* of(const CtNode* n) { return reinterpret_cast<Conn*>(const_cast<CtNode*>(n - n->dir)); }
+  // The connection a chain node belongs to.
+  static Conn* of(const CtNode* n);
 };
 static_assert(sizeof(Conn) == 192, "a connection is three cache lines");
-static_assert(offsetof(Conn, node) == 0 && sizeof(CtNode) * 2 <= 64, "both nodes are in the first line");
+static_assert(offsetof(Conn, pad) < 128 && offsetof(Conn, node) == 128, "a packet's fields are in the first two lines");
+
+inline Conn* Conn::of(const CtNode* n) {
+  return reinterpret_cast<Conn*>(reinterpret_cast<char*>(const_cast<CtNode*>(n - n->dir)) - offsetof(Conn, node));
+}
 
 }  // namespace dpu

@@ -312,6 +312,7 @@ void Conntrack::exec(Conn* c, const CtSpec& spec) const {
     l = (l & ~spec.label_mask) | (spec.label & spec.label_mask);
     c->label_hi.store(static_cast<uint64_t>(l >> 64), std::memory_order_relaxed);
     c->label_lo.store(static_cast<uint64_t>(l), std::memory_order_relaxed);
+    c->labelled.store(1, std::memory_order_release);
   }
   c->spin_unlock();
 }
@@ -320,8 +321,10 @@ void Conntrack::fill_result(Conn* c, int dir, CtResult* r) const {
   r->conn = c;
   r->dir = static_cast<uint8_t>(dir);
   r->mark = c->mark.load(std::memory_order_relaxed);
-  r->label = (static_cast<u128>(c->label_hi.load(std::memory_order_relaxed)) << 64) |
-             c->label_lo.load(std::memory_order_relaxed);
+  r->label = 0;
+  if (c->labelled.load(std::memory_order_acquire))  // else the third line is not read
+    r->label = (static_cast<u128>(c->label_hi.load(std::memory_order_relaxed)) << 64) |
+               c->label_lo.load(std::memory_order_relaxed);
   r->have_tuple = true;
   r->orig = c->key[0];
 }
@@ -812,7 +815,7 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
     refile_.clear();  // connections still alive go one tick on at least
     while (!tick_conns.empty() && budget) {
       const size_t k = tick_conns.size();
-      if (k > kConnAhead) Conntrack::prefetch_conn(tick_conns[k - 1 - kConnAhead]);
+      if (k > kConnAhead) Conntrack::prefetch_whole_conn(tick_conns[k - 1 - kConnAhead]);
       if (k > kBucketAhead) ct_->prefetch_buckets(tick_conns[k - 1 - kBucketAhead]);
       if (k > kMapAhead) ct_->prefetch_mapping_slot(tick_conns[k - 1 - kMapAhead]);
       Conn* c = tick_conns.back();

@@ -214,11 +214,16 @@ class Conntrack {
   // nothing was done.
   bool execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtKey& other,
                      int64_t now, CtResult* r);
+  // The two lines a packet of the connection uses (conn.h).
   static void prefetch_conn(const Conn* c) {
     const char* b = reinterpret_cast<const char*>(c);
     __builtin_prefetch(b);
     __builtin_prefetch(b + 64);
-    __builtin_prefetch(b + 128);
+  }
+  // All three, for unlinking it (its chain nodes) and releasing its mapping.
+  static void prefetch_whole_conn(const Conn* c) {
+    prefetch_conn(c);
+    __builtin_prefetch(reinterpret_cast<const char*>(c) + 128);
   }
 
   // ---- dumps and counters (any thread) ---------------------------------------------------
