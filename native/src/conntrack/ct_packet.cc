@@ -201,6 +201,35 @@ uint8_t* l4_csum(uint8_t proto, uint8_t* l4, uint32_t len, bool* udp) {
   return nullptr;
 }
 
+// One 16-bit word of the packet takes a new value; its RFC 1624 term
+// (~m + m') joins *delta.
+inline void replace_word(uint8_t* w, uint16_t nw, uint32_t* delta) {
+  const uint16_t ow = load16(w);
+  if (ow == nw) return;
+  store16(w, nw);
+  *delta += static_cast<uint16_t>(~ow) + static_cast<uint32_t>(nw);
+}
+
+inline void replace_words(uint8_t* at, uint32_t nv, uint32_t* delta) {  // an IPv4 address
+  uint16_t w[2];
+  std::memcpy(w, &nv, 4);
+  replace_word(at, w[0], delta);
+  replace_word(at + 2, w[1], delta);
+}
+
+// HC' = ~(~HC + the summed terms), the checksum at `c`; a zero UDP checksum
+// (none) stays zero and a computed zero is sent as 0xffff.
+inline void apply_delta(uint8_t* c, uint32_t delta, bool udp) {
+  if (!delta) return;
+  const uint16_t hc = load16(c);
+  if (udp && hc == 0) return;
+  uint32_t s = static_cast<uint16_t>(~hc) + delta;
+  s = (s & 0xffff) + (s >> 16);
+  s = (s & 0xffff) + (s >> 16);
+  const uint16_t n = static_cast<uint16_t>(~s);
+  store16(c, udp && n == 0 ? 0xffff : n);
+}
+
 }  // namespace
 
 void ct_nat_packet(const Conn& c, int dir, CtPacket* cp) {
@@ -209,21 +238,29 @@ void ct_nat_packet(const Conn& c, int dir, CtPacket* cp) {
   const CtKey to = ct_key_reverse(c.key[1 - dir]);
   const uint8_t proto = from.proto;
   const bool icmp = proto == kIpIcmp;
-  Patcher pt;
   if (!cp->icmp_error) {
+    // The changed words' RFC 1624 terms (~m + m') summed once, then each
+    // checksum updated once: the IP header's by the addresses, the L4
+    // one's by the addresses (pseudo-header) and the ports; ICMP's by the
+    // identifier alone.
     uint8_t* ip = cp->l3;
-    bool udp = false;
-    uint8_t* l4c = icmp ? nullptr : l4_csum(proto, cp->l4, cp->l4_len, &udp);
-    pt.addr(ip + 12, to.src[0], ip + 10, l4c, udp, false);
-    pt.addr(ip + 16, to.dst[0], ip + 10, l4c, udp, false);
+    uint32_t d_addr = 0, d_l4 = 0;
+    replace_words(ip + 12, to.src[0], &d_addr);
+    replace_words(ip + 16, to.dst[0], &d_addr);
     if (icmp) {
-      pt.word(cp->l4 + 4, to.sport, cp->l4 + 2, nullptr, false, false);  // echo identifier
+      replace_word(cp->l4 + 4, to.sport, &d_l4);  // echo identifier
+      apply_delta(cp->l4 + 2, d_l4, false);
     } else {
-      pt.word(cp->l4, to.sport, nullptr, l4c, udp, false);
-      pt.word(cp->l4 + 2, to.dport, nullptr, l4c, udp, false);
+      d_l4 = d_addr;
+      replace_word(cp->l4, to.sport, &d_l4);
+      replace_word(cp->l4 + 2, to.dport, &d_l4);
+      bool udp = false;
+      if (uint8_t* l4c = l4_csum(proto, cp->l4, cp->l4_len, &udp)) apply_delta(l4c, d_l4, udp);
     }
+    apply_delta(ip + 10, d_addr, false);
     return;
   }
+  Patcher pt;
   // An ICMP error of direction `dir`: the outer header like any packet of
   // that direction (its source only when it is the translated endpoint
   // itself), and the quoted packet, which went the other way, back to what
