@@ -18,6 +18,7 @@
 #include "../src/dpcls.h"
 #include "dpu/mem.h"
 #include "../src/live.h"
+#include "../src/merge_runs.h"
 #include "../src/ports/traffic.h"
 #include "../src/runner.h"
 #include "dpu/ofparse.h"
@@ -381,6 +382,16 @@ void bind_conntrack(DataplaneClass& c) {
 }
 
 // ---- module-level helpers: clock calibration, self-tests, drop reasons -------------------
+struct XorShift {  // the self-tests' random numbers
+  uint64_t x;
+  uint64_t operator()() {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  }
+};
+
 void bind_module_functions(py::module_& m) {
   m.def("tsc_hz", [] {
     // Calibrates the cycle counter the worker's stage profiler reads.
@@ -392,18 +403,38 @@ void bind_module_functions(py::module_& m) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return static_cast<double>(c1 - c0) / s;
   });
+  m.def("selftest_merge_runs", [](uint64_t iterations, uint64_t seed) {
+    // merge_runs (the transmit queues' reordering) against std::sort: random
+    // distinct values cut into 1 to 9 ascending runs in random order, with
+    // buffers reused from one round to the next as a worker reuses them.
+    uint64_t mismatches = 0;
+    XorShift rnd{seed | 1};
+    std::vector<uint64_t> v, want, scratch;
+    std::vector<uint32_t> runs;
+    for (uint64_t it = 0; it < iterations; it++) {
+      const size_t n = rnd() % 600, k = 1 + rnd() % 9;
+      v.clear();
+      for (size_t i = 0; i < n; i++) v.push_back(rnd() << 10 | i);  // distinct
+      std::vector<size_t> cut;
+      for (size_t i = 1; i < k && n; i++) cut.push_back(rnd() % n);
+      cut.push_back(0);
+      cut.push_back(n);
+      std::sort(cut.begin(), cut.end());
+      for (size_t i = 0; i + 1 < cut.size(); i++) std::sort(v.begin() + cut[i], v.begin() + cut[i + 1]);
+      want = v;
+      std::sort(want.begin(), want.end());
+      merge_runs(v, scratch, runs, [](uint64_t a, uint64_t b) { return a < b; });
+      if (v != want) mismatches++;
+    }
+    return mismatches;
+  });
   m.def("selftest_simd", [](uint64_t iterations, uint64_t seed) {
     // The vectorised helpers against their plain versions on random keys
     // (STYLE.md #8): key compare, fixed-size zeroing, and the key hash's
     // spread (both hashes must send 64k random keys to nearly all of 64k slots
     // the way a uniform hash would).
-    uint64_t x = seed | 1, mismatches = 0;
-    auto rnd = [&x] {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      return x;
-    };
+    uint64_t mismatches = 0;
+    XorShift rnd{seed | 1};
     alignas(64) uint64_t a[kKeyWords], b[kKeyWords];
     for (uint64_t it = 0; it < iterations; it++) {
       for (size_t i = 0; i < kKeyWords; i++) a[i] = b[i] = (rnd() & 3) ? rnd() : 0;

@@ -8,6 +8,7 @@
 
 #include "dataplane.h"
 #include "execute.h"
+#include "merge_runs.h"
 #include "parse.h"
 #include "vxlan.h"
 
@@ -498,12 +499,11 @@ void Worker::count_drop(uint32_t i, uint16_t reason) {
 void Worker::flush_tx(bool sort) {
   for (uint32_t port : tx_ports_) {
     std::vector<Packet*>& q = tx_[port];
-    // Arrival order, then emission order: a total order, so std::sort (which,
-    // unlike stable_sort, never allocates) keeps each arrival's copies in order.
-    auto by_origin = [](const Packet* a, const Packet* b) {
-      return a->origin != b->origin ? a->origin < b->origin : a->emit_seq < b->emit_seq;
-    };
-    if (sort && !std::is_sorted(q.begin(), q.end(), by_origin)) std::sort(q.begin(), q.end(), by_origin);
+    // Arrival order, then emission order (each arrival's copies in order).
+    if (sort)
+      merge_runs(q, tx_scratch_, tx_runs_, [](const Packet* a, const Packet* b) {
+        return a->origin != b->origin ? a->origin < b->origin : a->emit_seq < b->emit_seq;
+      });
     const uint32_t n = static_cast<uint32_t>(q.size());
     const uint32_t sent = sink_ ? sink_->send(port, q.data(), n) : n;
     counters.tx_batches++;

@@ -307,6 +307,8 @@ class Worker {
   // Per-call state.
   std::vector<std::vector<Packet*>> tx_;  // by ofport
   std::vector<uint32_t> tx_ports_;        // ports with queued packets
+  std::vector<Packet*> tx_scratch_;       // flush_tx's merge_runs() buffers
+  std::vector<uint32_t> tx_runs_;
   std::vector<uint8_t> is_tunnel_;        // by ofport
   std::vector<Packet*> cur_, next_;       // packets of the current / next pass
   std::vector<TunnelTerm> tnl_terms_;     // from the port table, at each version
