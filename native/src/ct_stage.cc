@@ -164,21 +164,25 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   // jobs: a job is prepared and its bucket fetched kHeadAhead jobs before it
   // is executed, and the connections its hash tag points to kNodeAhead jobs
   // before. A job whose slot has a cached connection fetches that instead.
-  // (Fetching every bucket of a 256-packet batch at once would push the
-  // first ones out of L1 before they are used.)
-  constexpr size_t kHeadAhead = 8, kNodeAhead = 4;
+  // A job that will open a source-NATed connection fetches, kNodeAhead
+  // before, its mapping's map slot and port bitmap words, and kReplyAhead
+  // before, the bucket its reply key is expected in (the port read from the
+  // bitmap by then). (Fetching every bucket of a 256-packet batch at once
+  // would push the first ones out of L1 before they are used.)
+  constexpr size_t kHeadAhead = 8, kNodeAhead = 4, kReplyAhead = 2;
+  enum : uint8_t { kLookup, kKnown, kSnatNew };
   const size_t n = ct_jobs_.size();
   if (ct_prep_.size() < n) ct_prep_.resize(n);
-  if (ct_known_.size() < n) ct_known_.resize(n);
+  if (ct_kind_.size() < n) ct_kind_.resize(n);
   auto fetch_head = [&](size_t j) {
     const CtJob& job = ct_jobs_[j];
-    ct_known_[j] = job.slot && emc_.resumes(job.slot - 1, job.stamp);
-    if (ct_known_[j]) return;  // its entry was prefetched when the job was queued
+    ct_kind_[j] = job.slot && emc_.resumes(job.slot - 1, job.stamp) ? kKnown : kLookup;
+    if (ct_kind_[j] == kKnown) return;  // its entry was prefetched when the job was queued
     ct.prepare(job.p, *job.spec, &ct_prep_[j]);
     if (ct_prep_[j].ok) ct.prefetch_head(ct_prep_[j].hash);
   };
   auto fetch_node = [&](size_t j) {
-    if (ct_known_[j]) {
+    if (ct_kind_[j] == kKnown) {
       const CtResume& e = (*ct_resume_)[ct_jobs_[j].slot - 1];
       Conntrack::prefetch_conn(e.conn);
       __builtin_prefetch(e.mf);
@@ -187,21 +191,27 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
       const CtSpec& spec = *ct_jobs_[j].spec;
       // A commit with source NAT whose key is not in the table will create
       // a connection: where its mapping is looked up too.
-      if (!ct.prefetch_node(pr.hash) && spec.commit && spec.range.type == kNatSrc && !pr.cp.key.v6)
+      if (!ct.prefetch_node(pr.hash) && spec.commit && spec.range.type == kNatSrc && !pr.cp.key.v6) {
         ct.nat().prefetch_acquire(spec.zone, pr.cp.key.proto, pr.cp.key.src[0], pr.cp.key.sport, spec.range);
+        ct_kind_[j] = kSnatNew;
+      }
     }
   };
   for (size_t j = 0; j < std::min(n, kHeadAhead); j++) fetch_head(j);
   for (size_t j = 0; j < std::min(n, kNodeAhead); j++) fetch_node(j);
+  for (size_t j = 0; j < std::min(n, kReplyAhead); j++)
+    if (ct_kind_[j] == kSnatNew) ct.prefetch_snat_reply(ct_prep_[j], *ct_jobs_[j].spec);
   // A continuation may hand its packet to conntrack again: those jobs join
   // this same stage (prepared when they come up).
   for (size_t j = 0; j < ct_jobs_.size(); j++) {
     if (j + kHeadAhead < n) fetch_head(j + kHeadAhead);
     if (j + kNodeAhead < n) fetch_node(j + kNodeAhead);
+    if (__builtin_expect(j + kReplyAhead < n && ct_kind_[j + kReplyAhead] == kSnatNew, 0))
+      ct.prefetch_snat_reply(ct_prep_[j + kReplyAhead], *ct_jobs_[j + kReplyAhead].spec);
     const CtJob job = ct_jobs_[j];
     CtResult r;
     const CtResume* known = nullptr;
-    if (j < n && ct_known_[j]) {
+    if (j < n && ct_kind_[j] == kKnown) {
       const CtResume& e = (*ct_resume_)[job.slot - 1];
       if (ct.execute_known(*ctw_, job.p, *job.spec, e.conn, e.dir, e.other, now, &r)) known = &e;
       else ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);

@@ -326,7 +326,7 @@ class Worker {
     Megaflow* from;  // that megaflow (with or without a slot), else null
   };
   std::vector<CtJob> ct_jobs_;
-  std::vector<uint8_t> ct_known_;            // by job: its slot's cached connection is tried first
+  std::vector<uint8_t> ct_kind_;             // by job: looked up, its slot's cached connection tried first, or opening a SNAT connection
   // By EMC slot; allocated by the first fill (a worker that never resumes,
   // such as a trace's, never pays for its 2.5 MiB).
   std::unique_ptr<HugeArray<CtResume>> ct_resume_;

@@ -135,6 +135,18 @@ bool Conntrack::prefetch_node(uint32_t hash) const {
   return maybe;
 }
 
+void Conntrack::prefetch_snat_reply(const CtPrep& pr, const CtSpec& spec) const {
+  const CtKey& k = pr.cp.key;
+  uint32_t ea;
+  uint16_t ep;
+  if (!nat_.predict(spec.zone, k.proto, k.src[0], k.sport, spec.range, &ea, &ep)) return;
+  CtKey reply = ct_key_reverse(k);  // as build_conn() makes it
+  reply.dst[0] = ea;
+  if (k.proto == kIpIcmp) reply.sport = ep;
+  else reply.dport = ep;
+  prefetch_head(ct_key_hash(reply));
+}
+
 bool Conntrack::bucket_empty(const Bucket& b) {
   uint64_t any = reinterpret_cast<uintptr_t>(b.chain.load(std::memory_order_relaxed));
   for (const auto& s : b.slot) any |= s.load(std::memory_order_relaxed);

@@ -204,6 +204,10 @@ class Conntrack {
   // The connections in it that the key's tag points to; false if the key
   // cannot be in the table (no tag matches and no chain).
   bool prefetch_node(uint32_t hash) const;
+  // For a packet that will open a source-NATed connection: the bucket its
+  // reply key will be inserted in, with the port NAT is expected to pick
+  // (NatTable::predict), so that insert() does not wait for it.
+  void prefetch_snat_reply(const CtPrep& pr, const CtSpec& spec) const;
   void execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, int64_t now, bool dry_run, CtResult* r);
   void execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r);
   // The stage for an untracked packet whose connection the worker remembers

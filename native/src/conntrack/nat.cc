@@ -6,25 +6,30 @@
 namespace dpu {
 
 // One public address's ports for one protocol: a bit per port (1 = taken)
-// and a summary bit per word that is full.
+// and a summary bit per word that is full. Written under the table's mutex;
+// predict() reads it without, so words are loaded and stored atomically
+// (relaxed: plain moves on x86).
 struct NatTable::PortBits {
   uint64_t w[1024] = {};
   uint64_t full[16] = {};
-  bool test(uint16_t p) const { return w[p >> 6] >> (p & 63) & 1; }
+  static uint64_t ld(const uint64_t& x) { return __atomic_load_n(&x, __ATOMIC_RELAXED); }
+  static void st(uint64_t& x, uint64_t v) { __atomic_store_n(&x, v, __ATOMIC_RELAXED); }
+  bool test(uint16_t p) const { return ld(w[p >> 6]) >> (p & 63) & 1; }
   void set(uint16_t p) {
-    w[p >> 6] |= 1ull << (p & 63);
-    if (w[p >> 6] == ~0ull) full[p >> 12] |= 1ull << ((p >> 6) & 63);
+    const uint64_t v = ld(w[p >> 6]) | 1ull << (p & 63);
+    st(w[p >> 6], v);
+    if (v == ~0ull) st(full[p >> 12], ld(full[p >> 12]) | 1ull << ((p >> 6) & 63));
   }
   void clear(uint16_t p) {
-    w[p >> 6] &= ~(1ull << (p & 63));
-    full[p >> 12] &= ~(1ull << ((p >> 6) & 63));
+    st(w[p >> 6], ld(w[p >> 6]) & ~(1ull << (p & 63)));
+    st(full[p >> 12], ld(full[p >> 12]) & ~(1ull << ((p >> 6) & 63)));
   }
   // First free port in [from, to] (inclusive, from <= to), or -1. Full words
   // are skipped through the summary: at most 16 summary words and 2 partial
   // words are read.
   int first_free(uint32_t from, uint32_t to) const {
     uint32_t word = from >> 6;
-    uint64_t m = ~w[word] & (~0ull << (from & 63));
+    uint64_t m = ~ld(w[word]) & (~0ull << (from & 63));
     while (true) {
       if (m) {
         uint32_t p = (word << 6) | static_cast<uint32_t>(__builtin_ctzll(m));
@@ -34,15 +39,24 @@ struct NatTable::PortBits {
       uint32_t next = word + 1;
       if ((next << 6) > to) return -1;
       uint32_t sw = next >> 6;
-      uint64_t notfull = ~full[sw] & (~0ull << (next & 63));
+      uint64_t notfull = ~ld(full[sw]) & (~0ull << (next & 63));
       while (!notfull) {
         if (++sw >= 16 || (sw << 12) > to) return -1;
-        notfull = ~full[sw];
+        notfull = ~ld(full[sw]);
       }
       word = (sw << 6) | static_cast<uint32_t>(__builtin_ctzll(notfull));
       if ((word << 6) > to) return -1;
-      m = ~w[word];
+      m = ~ld(w[word]);
     }
+  }
+  // The port take_port() picks: `preferred` if free, else the first free
+  // one from `start`, wrapping once; -1 if none.
+  int pick(uint16_t lo, uint16_t hi, uint16_t preferred, uint32_t start) const {
+    if (preferred >= lo && preferred <= hi && !test(preferred)) return preferred;
+    const uint32_t s = search_from(lo, hi, start);
+    int p = first_free(s, hi);
+    if (p < 0 && s > lo) p = first_free(lo, s - 1);
+    return p;
   }
 };
 
@@ -151,13 +165,7 @@ uint32_t NatTable::hashed_start(uint16_t zone, uint8_t proto, uint32_t int_addr,
 bool NatTable::take_port(uint8_t proto, uint32_t addr, uint16_t lo, uint16_t hi, uint16_t preferred, uint32_t start,
                          bool dry_run, uint16_t* out) {
   PortBits& b = bits(proto, addr);
-  int p = -1;
-  if (preferred >= lo && preferred <= hi && !b.test(preferred)) p = preferred;
-  if (p < 0) {
-    const uint32_t s = search_from(lo, hi, start);
-    p = b.first_free(s, hi);
-    if (p < 0 && s > lo) p = b.first_free(lo, s - 1);
-  }
+  const int p = b.pick(lo, hi, preferred, start);
   if (p < 0) return false;
   if (!dry_run) b.set(static_cast<uint16_t>(p));
   *out = static_cast<uint16_t>(p);
@@ -246,6 +254,27 @@ void NatTable::prefetch_acquire(uint16_t zone, uint8_t proto, uint32_t int_addr,
   const uint32_t s = search_from(lo, hi, hashed_start(zone, proto, int_addr, want));
   __builtin_prefetch(&b->w[s >> 6], 1);
   __builtin_prefetch(&b->full[s >> 12]);
+}
+
+bool NatTable::predict(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r,
+                       uint32_t* ext_addr, uint16_t* ext_port) const {
+  if (r.random) return false;
+  const uint32_t addr = paired_addr(zone, int_addr, r);
+  const uint64_t k = static_cast<uint64_t>(proto) << 32 | be32(addr);
+  const BitsHint& hint = hints_[hint_slot(k)];
+  if (hint.key.load(std::memory_order_relaxed) != k) return false;
+  const PortBits* b = hint.bits.load(std::memory_order_relaxed);
+  if (!b) return false;
+  uint16_t lo, hi;
+  port_range(proto, r, &lo, &hi);
+  const uint16_t want = be16(int_port);
+  int p;
+  if (!r.port_min && want && want < lo && !b->test(want)) p = want;  // as acquire() keeps a low port
+  else p = b->pick(lo, hi, want, hashed_start(zone, proto, int_addr, want));
+  if (p < 0) return false;
+  *ext_addr = be32(addr);
+  *ext_port = be16(static_cast<uint16_t>(p));
+  return true;
 }
 
 void NatTable::prefetch_release(const NatMapping* m) const {

@@ -76,6 +76,12 @@ class NatTable {
   // fields are read atomically: a mapping freed meanwhile prefetches a
   // harmless wrong line.
   void prefetch_acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r) const;
+  // What acquire() would pick for a new mapping of the internal endpoint
+  // (public address and port, network order), read without the lock: false
+  // when it cannot tell (random ports, no bitmap for the address yet). A
+  // guess that a concurrent change can make wrong: for prefetching only.
+  bool predict(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r,
+               uint32_t* ext_addr, uint16_t* ext_port) const;
   static void prefetch_mapping(const NatMapping* m) { __builtin_prefetch(m); }
   void prefetch_release(const NatMapping* m) const;
   // The zone's mapping of a public endpoint (endpoint-independent filtering),
