@@ -58,12 +58,23 @@ inline uint16_t csum(const uint8_t* p, size_t n, uint64_t sum = 0) {
   return static_cast<uint16_t>(~csum_fold(csum_partial(p, n, sum)));
 }
 
-// RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'), for one 16-bit word.
-inline uint16_t csum_replace16(uint16_t hc, uint16_t old_w, uint16_t new_w) {
-  uint32_t s = static_cast<uint16_t>(~hc) + static_cast<uint16_t>(~old_w) + static_cast<uint32_t>(new_w);
+// RFC 1624 eqn. 3 for several words at once: HC' = ~(~HC + terms), where
+// `terms` sums ~m + m' over the changed words (at most about 0x10000 of them).
+inline uint16_t csum_apply_terms(uint16_t hc, uint32_t terms) {
+  uint32_t s = static_cast<uint16_t>(~hc) + terms;
   s = (s & 0xffff) + (s >> 16);
   s = (s & 0xffff) + (s >> 16);
   return static_cast<uint16_t>(~s);
+}
+
+// The term one 16-bit word's change adds: ~m + m'.
+inline uint32_t csum_term(uint16_t old_w, uint16_t new_w) {
+  return static_cast<uint16_t>(~old_w) + static_cast<uint32_t>(new_w);
+}
+
+// RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'), for one 16-bit word.
+inline uint16_t csum_replace16(uint16_t hc, uint16_t old_w, uint16_t new_w) {
+  return csum_apply_terms(hc, csum_term(old_w, new_w));
 }
 
 // Same for a run of bytes changing from `old_b` to `new_b` (length even, and

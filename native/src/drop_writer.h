@@ -16,6 +16,7 @@
 #include "dpu/drops.h"
 #include "dpu/ofparse.h"
 #include "dpu/status.h"
+#include "ports.h"
 #include "worker.h"
 
 namespace dpu {
@@ -27,9 +28,14 @@ namespace dpu {
 // never had a buffer: its record has no bytes, only its length.
 class PcapngDropWriter : public DropSink {
  public:
-  // `names`: port names by ofport; `app`: the writer, as the section header names it.
-  PcapngDropWriter(std::string path, std::vector<std::string> names, std::string app)
-      : path_(std::move(path)), names_(std::move(names)), app_(std::move(app)) {}
+  // `ports`: the dataplane's, for their names; `app`: the writer, as the section header names it.
+  PcapngDropWriter(std::string path, const std::vector<PortInfo>& ports, std::string app)
+      : path_(std::move(path)), app_(std::move(app)) {
+    for (const PortInfo& p : ports) {
+      if (names_.size() <= p.ofport) names_.resize(p.ofport + 1);
+      names_[p.ofport] = p.name;
+    }
+  }
   ~PcapngDropWriter() {
     if (f_) std::fclose(f_);
   }

@@ -77,12 +77,7 @@ Status LiveRunner::start() {
   }
   // The drops file last: a queue that fails to open leaves an earlier file alone.
   if (!cfg_.drops_pcap.empty()) {
-    std::vector<std::string> names;
-    for (const PortInfo& p : dp_->ports()) {
-      if (names.size() <= p.ofport) names.resize(p.ofport + 1);
-      names[p.ofport] = p.name;
-    }
-    drops_ = std::make_unique<PcapngDropWriter>(cfg_.drops_pcap, std::move(names), "dpu run --drops-pcap");
+    drops_ = std::make_unique<PcapngDropWriter>(cfg_.drops_pcap, dp_->ports(), "dpu run --drops-pcap");
     Status st = drops_->open();
     if (!st.ok()) {
       drops_.reset();

@@ -187,12 +187,7 @@ Status Replayer::open_drops() {
       return s;
     }
   }
-  std::vector<std::string> names;
-  for (const PortInfo& p : dp_->ports()) {
-    if (names.size() <= p.ofport) names.resize(p.ofport + 1);
-    names[p.ofport] = p.name;
-  }
-  drops_ = std::make_unique<PcapngDropWriter>(drops_path_, std::move(names), "dpu replay --drops-pcap");
+  drops_ = std::make_unique<PcapngDropWriter>(drops_path_, dp_->ports(), "dpu replay --drops-pcap");
   return drops_->open();
 }
 

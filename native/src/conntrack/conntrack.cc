@@ -135,15 +135,21 @@ bool Conntrack::prefetch_node(uint32_t hash) const {
   return maybe;
 }
 
+// A reply key (the reverse of the original) as source NAT to public
+// address `ea` and port `ep` makes it.
+static void set_snat_reply(CtKey* reply, uint32_t ea, uint16_t ep) {
+  reply->dst[0] = ea;
+  if (reply->proto == kIpIcmp || reply->proto == kIpIcmpv6) reply->sport = ep;  // the echo identifier, both ways
+  else reply->dport = ep;
+}
+
 void Conntrack::prefetch_snat_reply(const CtPrep& pr, const CtSpec& spec) const {
   const CtKey& k = pr.cp.key;
   uint32_t ea;
   uint16_t ep;
   if (!nat_.predict(spec.zone, k.proto, k.src[0], k.sport, spec.range, &ea, &ep)) return;
-  CtKey reply = ct_key_reverse(k);  // as build_conn() makes it
-  reply.dst[0] = ea;
-  if (k.proto == kIpIcmp) reply.sport = ep;
-  else reply.dport = ep;
+  CtKey reply = ct_key_reverse(k);
+  set_snat_reply(&reply, ea, ep);
   prefetch_head(ct_key_hash(reply));
 }
 
@@ -359,7 +365,6 @@ static bool build_conn(Conn* c, const CtPacket& cp, const NatRange& nat, bool dn
   c->key[0] = cp.key;
   c->key[1] = ct_key_reverse(cp.key);
   c->nat = 0;
-  const bool icmp = cp.key.proto == kIpIcmp || cp.key.proto == kIpIcmpv6;
   if (!cp.key.v6 && nat.type == kNatSrc) {
     uint32_t ea;
     uint16_t ep;
@@ -370,9 +375,7 @@ static bool build_conn(Conn* c, const CtPacket& cp, const NatRange& nat, bool dn
       return false;
     }
     if (!dry_run) c->mapping = m;
-    c->key[1].dst[0] = ea;
-    if (icmp) c->key[1].sport = ep;  // the echo identifier, in both directions
-    else c->key[1].dport = ep;
+    set_snat_reply(&c->key[1], ea, ep);
     c->nat = kNatSrc;
   } else if (!cp.key.v6 && dnat) {
     c->key[1].src[0] = dnat_addr;

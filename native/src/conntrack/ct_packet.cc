@@ -207,7 +207,7 @@ inline void replace_word(uint8_t* w, uint16_t nw, uint32_t* delta) {
   const uint16_t ow = load16(w);
   if (ow == nw) return;
   store16(w, nw);
-  *delta += static_cast<uint16_t>(~ow) + static_cast<uint32_t>(nw);
+  *delta += csum_term(ow, nw);
 }
 
 inline void replace_words(uint8_t* at, uint32_t nv, uint32_t* delta) {  // an IPv4 address
@@ -223,10 +223,7 @@ inline void apply_delta(uint8_t* c, uint32_t delta, bool udp) {
   if (!delta) return;
   const uint16_t hc = load16(c);
   if (udp && hc == 0) return;
-  uint32_t s = static_cast<uint16_t>(~hc) + delta;
-  s = (s & 0xffff) + (s >> 16);
-  s = (s & 0xffff) + (s >> 16);
-  const uint16_t n = static_cast<uint16_t>(~s);
+  const uint16_t n = csum_apply_terms(hc, delta);
   store16(c, udp && n == 0 ? 0xffff : n);
 }
 
