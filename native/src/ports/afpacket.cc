@@ -123,6 +123,7 @@ void restore_receive_offloads(const std::string& ifname) {
 AfPacketQueue::~AfPacketQueue() {
   if (ring_) munmap(ring_, ring_bytes_);
   if (fd_ >= 0) close(fd_);
+  if (tx_fd_ >= 0) close(tx_fd_);
 }
 
 Status AfPacketQueue::open(const AfPacketConfig& cfg) {
@@ -167,6 +168,20 @@ Status AfPacketQueue::open(const AfPacketConfig& cfg) {
   mr.mr_type = PACKET_MR_PROMISC;
   if (setsockopt(fd_, SOL_PACKET, PACKET_ADD_MEMBERSHIP, &mr, sizeof mr) < 0)
     return sys_error(cfg.ifname, "promiscuous mode", errno);
+  // Transmit goes through a socket of its own without PACKET_VNET_HDR: a
+  // frame is then one iovec, with no header to copy in and parse. Protocol
+  // 0: it receives nothing. Without it, the receive socket sends.
+  tx_fd_ = socket(AF_PACKET, SOCK_RAW, 0);
+  if (tx_fd_ >= 0) {
+    sockaddr_ll tsll{};
+    tsll.sll_family = AF_PACKET;
+    tsll.sll_ifindex = ifindex_;
+    setsockopt(tx_fd_, SOL_PACKET, PACKET_QDISC_BYPASS, &one, sizeof one);
+    if (bind(tx_fd_, reinterpret_cast<sockaddr*>(&tsll), sizeof tsll) < 0) {
+      close(tx_fd_);
+      tx_fd_ = -1;
+    }
+  }
   if (cfg.fanout_id >= 0) {
     int arg = (cfg.fanout_id & 0xffff) | (PACKET_FANOUT_HASH << 16) | (PACKET_FANOUT_FLAG_DEFRAG << 16);
     if (setsockopt(fd_, SOL_PACKET, PACKET_FANOUT, &arg, sizeof arg) < 0)
@@ -358,6 +373,8 @@ uint32_t AfPacketQueue::tx_burst(Packet* const* pkts, uint32_t n) {
   mmsghdr msgs[kMax];
   iovec iov[kMax][2];
   uint32_t sent = 0;
+  const int fd = tx_fd_ >= 0 ? tx_fd_ : fd_;
+  const bool vnet = tx_fd_ < 0 && vnet_;
   while (sent < n) {
     uint32_t k = std::min(n - sent, kMax);
     for (uint32_t i = 0; i < k; i++) {
@@ -366,10 +383,10 @@ uint32_t AfPacketQueue::tx_burst(Packet* const* pkts, uint32_t n) {
       iov[i][1].iov_base = pkts[sent + i]->data();
       iov[i][1].iov_len = pkts[sent + i]->len;
       std::memset(&msgs[i], 0, sizeof msgs[i]);
-      msgs[i].msg_hdr.msg_iov = vnet_ ? &iov[i][0] : &iov[i][1];
-      msgs[i].msg_hdr.msg_iovlen = vnet_ ? 2 : 1;
+      msgs[i].msg_hdr.msg_iov = vnet ? &iov[i][0] : &iov[i][1];
+      msgs[i].msg_hdr.msg_iovlen = vnet ? 2 : 1;
     }
-    int r = sendmmsg(fd_, msgs, k, MSG_DONTWAIT);
+    int r = sendmmsg(fd, msgs, k, MSG_DONTWAIT);
     if (r <= 0) break;  // down, or the queue is full: what is left is refused
     sent += static_cast<uint32_t>(r);
     if (static_cast<uint32_t>(r) < k) break;

@@ -10,8 +10,12 @@
 // interface form a PACKET_FANOUT group (hash of the flow), so N workers
 // share its traffic; PACKET_IGNORE_OUTGOING keeps a worker from reading what
 // any worker sent.
-// Transmit: sendmmsg on the same socket with PACKET_QDISC_BYPASS (straight to
-// the driver, as a DPDK port would).
+// Transmit: sendmmsg with PACKET_QDISC_BYPASS (straight to the driver, as a
+// DPDK port would), on a second socket of the interface that receives
+// nothing and has no PACKET_VNET_HDR (one iovec a frame, no header for the
+// kernel to copy in and parse). (A mapped TX ring was slower on veth: the
+// kernel builds each frame from pages of the ring, and freeing them costs
+// more than the copy it saves.)
 // The interface is put in promiscuous mode (a membership, dropped with the
 // socket) and GRO, the receive offload that merges frames, is turned off for
 // as long as dpu runs (LiveRunner turns it back on at stop; LRO is off on
@@ -81,6 +85,7 @@ class AfPacketQueue : public PortQueue {
                    uint32_t room);
 
   int fd_ = -1;
+  int tx_fd_ = -1;             // the transmit socket; -1: fd_ transmits
   int ifindex_ = 0;
   uint32_t ofport_ = 0;
   uint32_t mtu_ = 1500;        // IP bytes a frame of this interface carries
