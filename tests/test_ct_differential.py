@@ -1111,6 +1111,42 @@ def test_ct_resume_not_cached_when_the_next_pass_recirculates():
     assert st["ct_resumed"] == 0 and st["ct_packets"] > len(seq)
 
 
+CARRY_FLOWS = [
+    "table=0,priority=10,ip,ct_state=-trk,actions=ct(table=1,zone=100,nat)",
+    "table=1,priority=10,in_port=p1,ip,ct_state=+trk+new,actions=ct(commit,zone=100,nat(src=203.0.113.10)),output:p2",
+    "table=1,priority=10,in_port=p1,udp,ct_state=+trk+est,actions=ct(zone=100,table=2)",
+    "table=1,priority=10,in_port=p1,tcp,ct_state=+trk+est,actions=mod_tp_src:40001,ct(zone=100,table=2)",
+    "table=1,priority=10,in_port=p2,ip,ct_state=+trk+est+rpl,actions=output:p1",
+    "table=1,priority=0,actions=drop(policy)",
+    "table=2,priority=10,in_port=p1,ip,ct_state=+trk+est,actions=output:p2",
+    "table=2,priority=0,actions=drop(policy)",
+]
+
+
+def test_ct_carried_connection_matches_the_model():
+    """A second ct of the same zone starts from the connection the first one found
+    (Packet::ct_conn, as OVS keeps it in the packet's metadata) instead of a table lookup,
+    and decides exactly what the lookup would: the model agrees on every output, counter
+    and connection through a one-way UDP flow (+new again, a commit on the connection the
+    first ct found, the packet already translated), its reply, an established packet, and
+    a TCP segment whose source port is rewritten between the two cts (its tuple is no
+    longer the connection's: the stage looks it up instead)."""
+    def udp_out():
+        return _eth() / IP(src=C1, dst=S1) / UDP(sport=5000, dport=53) / Raw(b"q")
+
+    steps = [(0, "p1", udp_out()), (0.1, "p1", udp_out()),
+             (0.2, "p2", _eth(False) / IP(src=S1, dst=SNAT_IP) / UDP(sport=53, dport=5000) / Raw(b"a")),
+             (0.3, "p1", udp_out()), (0.4, "p1", udp_out()),
+             (1, "p1", _snat_tcp(True, "S", 1000)), (1.1, "p2", _snat_tcp(False, "SA", 5000, 1001)),
+             (1.2, "p1", _snat_tcp(True, "A", 1001, 5001)), (1.3, "p1", _snat_tcp(True, "PA", 1001, 5001, b"c"))]
+    dp, _, outs = ct_run(CARRY_FLOWS, steps)
+    st = dp.stats()["workers_total"]
+    # the second UDP packet's commit, and the two established ones' second ct
+    assert st["ct_carried"] >= 3, st
+    assert [o[0] for o in outs[1]] == ["p2"] and [o[0] for o in outs[3]] == ["p2"]
+    assert IP(outs[3][0][1][14:]).src == SNAT_IP
+
+
 def test_ct_resume_never_uses_a_flushed_connection():
     """A connection flushed (or expired, or replaced) while a worker still caches it is
     not used: the next segment finds no connection (+inv, dropped), and the cache is not

@@ -54,6 +54,8 @@ static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
   md.ct_state = r.state;
   md.ct_zone = spec.zone;
   md.ct_mark = r.mark;
+  p->ct_conn = r.conn;
+  p->ct_conn_dir = r.dir;
   CtPacketMeta& ct = p->ct;
   ct.resume = 0;
   ct.after = nullptr;
@@ -170,7 +172,9 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   // bitmap by then). (Fetching every bucket of a 256-packet batch at once
   // would push the first ones out of L1 before they are used.)
   constexpr size_t kHeadAhead = 8, kNodeAhead = 4, kReplyAhead = 2;
-  enum : uint8_t { kLookup, kKnown, kSnatNew };
+  // kCarried: an earlier ct of the batch put the packet in a connection
+  // (Packet::ct_conn), which is fetched instead of its bucket.
+  enum : uint8_t { kLookup, kKnown, kSnatNew, kCarried };
   const size_t n = ct_jobs_.size();
   if (ct_prep_.size() < n) ct_prep_.resize(n);
   if (ct_kind_.size() < n) ct_kind_.resize(n);
@@ -178,6 +182,12 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     const CtJob& job = ct_jobs_[j];
     ct_kind_[j] = job.slot && emc_.resumes(job.slot - 1, job.stamp) ? kKnown : kLookup;
     if (ct_kind_[j] == kKnown) return;  // its entry was prefetched when the job was queued
+    if (job.p->md.ct_state && job.p->ct_conn) {
+      ct_kind_[j] = kCarried;
+      ct.prepare(job.p, *job.spec, &ct_prep_[j], false);
+      Conntrack::prefetch_conn(static_cast<const Conn*>(job.p->ct_conn));
+      return;
+    }
     ct.prepare(job.p, *job.spec, &ct_prep_[j]);
     if (ct_prep_[j].ok) ct.prefetch_head(ct_prep_[j].hash);
   };
@@ -186,7 +196,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
       const CtResume& e = (*ct_resume_)[ct_jobs_[j].slot - 1];
       Conntrack::prefetch_conn(e.conn);
       __builtin_prefetch(e.mf);
-    } else if (ct_prep_[j].ok) {
+    } else if (ct_kind_[j] == kLookup && ct_prep_[j].ok) {
       const CtPrep& pr = ct_prep_[j];
       const CtSpec& spec = *ct_jobs_[j].spec;
       // A commit with source NAT whose key is not in the table will create
@@ -215,6 +225,15 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
       const CtResume& e = (*ct_resume_)[job.slot - 1];
       if (ct.execute_known(*ctw_, job.p, *job.spec, e.conn, e.dir, e.other, now, &r)) known = &e;
       else ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);
+    } else if (j < n && ct_kind_[j] == kCarried) {
+      CtPrep& pr = ct_prep_[j];
+      if (ct.execute_carried(*ctw_, job.p, *job.spec, pr, static_cast<Conn*>(job.p->ct_conn), job.p->ct_conn_dir,
+                             now, dry_run, &r)) {
+        counters.ct_carried++;
+      } else {
+        Conntrack::hash_prep(&pr);
+        ct.execute(*ctw_, job.p, *job.spec, pr, now, dry_run, &r);
+      }
     } else if (j < n) {
       ct.execute(*ctw_, job.p, *job.spec, ct_prep_[j], now, dry_run, &r);
     } else {

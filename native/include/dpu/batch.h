@@ -81,6 +81,13 @@ struct alignas(64) Packet {
   uint8_t pad_ = 0;
   uint32_t emit_seq = 0;          // order in which the batch emitted it (output order across ports)
   alignas(64) TunnelIpv6 tun6;
+  // The connection the last conntrack stage put the packet in, and its
+  // direction there (valid while md.ct_state is set, written with every
+  // result): a later ct of the same zone tries it before a table lookup
+  // (Conntrack::execute_carried), as OVS keeps the connection in a packet's
+  // metadata between recirculations.
+  void* ct_conn = nullptr;
+  uint8_t ct_conn_dir = 0;
   alignas(64) CtPacketMeta ct;
   alignas(64) uint8_t buf[kPacketBlock];
 
@@ -146,7 +153,11 @@ class PacketPool {
     if (!c) return nullptr;
     c->md = p->md;
     if (p->md.tun_flags & kTunIpv6) c->tun6 = p->tun6;
-    if (p->md.ct_state) c->ct = p->ct;
+    if (p->md.ct_state) {
+      c->ct = p->ct;
+      c->ct_conn = p->ct_conn;
+      c->ct_conn_dir = p->ct_conn_dir;
+    }
     c->data_off = p->data_off;
     c->len = p->len;
     c->l3_ofs = p->l3_ofs;

@@ -393,7 +393,7 @@ static bool build_conn(Conn* c, const CtPacket& cp, const NatRange& nat, bool dn
 // A packet an earlier ct of this zone already translated carries its
 // connection's translated tuple: it is found by the reverse of it, in the
 // other direction, and not translated twice (as Open vSwitch).
-void Conntrack::prepare(Packet* p, const CtSpec& spec, CtPrep* pr) const {
+void Conntrack::prepare(Packet* p, const CtSpec& spec, CtPrep* pr, bool hash) const {
   // The slot is reused batch after batch: ct_extract() writes every field a
   // packet of its kind is read by.
   pr->natted = false;
@@ -403,8 +403,10 @@ void Conntrack::prepare(Packet* p, const CtSpec& spec, CtPrep* pr) const {
   pr->prev_nat = static_cast<uint8_t>(p->md.ct_state & (kCsSrcNat | kCsDstNat));
   pr->natted = pr->prev_nat && p->md.ct_zone == spec.zone;
   pr->key = pr->natted ? ct_key_reverse(pr->cp.key) : pr->cp.key;
-  pr->hash = ct_key_hash(pr->key);
+  if (hash) hash_prep(pr);
 }
+
+void Conntrack::hash_prep(CtPrep* pr) { pr->hash = ct_key_hash(pr->key); }
 
 void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r) {
   CtPrep pr;
@@ -439,6 +441,19 @@ bool Conntrack::execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* 
   if (!ct_key_eq(c->key[dir], cp.key) || !ct_key_eq(c->key[1 - dir], other)) return false;
   r->reset();
   decide(w, p, spec, cp, false, 0, c, dir, now, false, r);
+  return true;
+}
+
+bool Conntrack::execute_carried(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, Conn* c, uint8_t dir,
+                                int64_t now, bool dry_run, CtResult* r) {
+  // An ICMP error is looked up by the tuple it quotes: the ordinary way.
+  if (!pr.ok || pr.cp.icmp_error) return false;
+  if (c->dead.load(std::memory_order_acquire) || c->expires.load(std::memory_order_relaxed) <= now) return false;
+  // lookup() would find c by its key in direction dir, or, for a packet an
+  // earlier ct of this zone translated, by the other one (and flip it).
+  if (!ct_key_eq(c->key[pr.natted ? 1 - dir : dir], pr.key)) return false;
+  r->reset();
+  decide(w, p, spec, pr.cp, pr.natted, pr.prev_nat, c, dir, now, dry_run, r);
   return true;
 }
 

@@ -199,7 +199,10 @@ class Conntrack {
   // (ct_stage.cc): a packet is prepared and its bucket prefetched some
   // packets before its turn, the connections its tag points to a few before,
   // then it is executed.
-  void prepare(Packet* p, const CtSpec& spec, CtPrep* pr) const;
+  // hash: false leaves pr->hash unset (a carried connection may make the
+  // lookup unnecessary: hash_prep() when it does not).
+  void prepare(Packet* p, const CtSpec& spec, CtPrep* pr, bool hash = true) const;
+  static void hash_prep(CtPrep* pr);
   void prefetch_head(uint32_t hash) const;  // the key's bucket
   // The connections in it that the key's tag points to; false if the key
   // cannot be in the table (no tag matches and no chain).
@@ -218,6 +221,13 @@ class Conntrack {
   // nothing was done.
   bool execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtKey& other,
                      int64_t now, CtResult* r);
+  // The stage for a packet that an earlier ct put in connection `c` (in
+  // direction `dir`; Packet::ct_conn), prepared without its hash: `c` stands
+  // in for the lookup only if it is live and its key in that direction is
+  // the lookup key; then the packet gets exactly what execute() would give
+  // it. False: nothing was done. Safe for the same reasons as execute_known.
+  bool execute_carried(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, Conn* c, uint8_t dir,
+                       int64_t now, bool dry_run, CtResult* r);
   // The two lines a packet of the connection uses (conn.h).
   static void prefetch_conn(const Conn* c) {
     const char* b = reinterpret_cast<const char*>(c);
