@@ -237,7 +237,7 @@ def traffic(scenario: str, flows: int, path: str) -> str:
         tmpl = (f'Ether(src="{GEN_MAC}",dst="02:00:00:01:00:00")/IP(src="10.0.0.11",dst="10.0.0.100")'
                 f'/UDP(sport=1024,dport=5000)')
         vary = {"eth.dst": f"02:00:00:01:00:00-02:00:00:01:{(VXLAN_ENDPOINTS - 1) >> 8:02x}:{(VXLAN_ENDPOINTS - 1) & 255:02x}",
-                "udp.sport": "1024-65535"}
+                "udp.sport": "1024-65535", "udp.dport": "5000-5003"}  # 100,000 flows need more than the ports
     else:
         raise BenchError(f"unknown live scenario {scenario}")
     gen.generate_pcap(path, tmpl, flows, flows=flows, vary=vary, size=64)
