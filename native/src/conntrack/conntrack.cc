@@ -830,6 +830,11 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
   const bool wrapped = now_tick - cursor_ >= kWheelSlots;
   if (wrapped) end_tick = cursor_ + kWheelSlots - 1;
   size_t empty_budget = 4 * kWheelSlots;  // empty slots cost little but are bounded too
+  // What this call unlinks is tagged at the end, all with one epoch bump:
+  // one full fence a sweep instead of one a connection (each waited for the
+  // stores of the unlinks before it to reach memory). A tag taken after
+  // every unlink is as safe for each of them.
+  const size_t untagged = retired_.size();
   // A tick's connections are an array, so memory latency overlaps: a
   // connection is fetched kConnAhead places before its turn, the two
   // buckets it would be unlinked from and its NAT mapping kBucketAhead
@@ -857,7 +862,7 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
         continue;
       }
       if (ct_->remove(c)) expired++;
-      retired_.push_back({ct_->epoch_.retire_tag(), c});
+      retired_.push_back({0, c});
     }
     const bool done = tick_conns.empty();
     if (done && tick_conns.capacity() > 4096) std::vector<Conn*>().swap(tick_conns);  // a burst's tick gives its memory back
@@ -871,6 +876,10 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
     if (!done) break;
   }
   if (wrapped && cursor_ > end_tick) cursor_ = now_tick;
+  if (retired_.size() > untagged) {
+    const uint64_t tag = ct_->epoch_.retire_tag();
+    for (size_t i = untagged; i < retired_.size(); i++) retired_[i].first = tag;
+  }
 }
 
 }  // namespace dpu
