@@ -273,7 +273,7 @@ bool Conntrack::insert(Conn* c, int64_t now, Conn** existing) {
   return true;
 }
 
-bool Conntrack::remove(Conn* c) {
+bool Conntrack::remove(Conn* c, CtReleases* later) {
   const uint32_t b0 = c->node[0].hash & mask_, b1 = c->node[1].hash & mask_;
   lock2(b0, b1);
   if (c->dead.load(std::memory_order_relaxed)) {
@@ -284,12 +284,31 @@ bool Conntrack::remove(Conn* c) {
   unlink(&c->node[1], b1);
   c->dead.store(1, std::memory_order_release);
   unlock2(b0, b1);
-  release(c->key[0].zone);
-  if (NatMapping* m = c->mapping) {
-    __atomic_store_n(&c->mapping, nullptr, __ATOMIC_RELAXED);  // read by the owner's expiry prefetch
+  NatMapping* m = c->mapping;
+  if (m) __atomic_store_n(&c->mapping, nullptr, __ATOMIC_RELAXED);  // read by the owner's expiry prefetch
+  if (!later) {
+    release(c->key[0].zone);
     nat_.release(m);
+    return true;
   }
+  const uint16_t zone = c->key[0].zone;
+  auto z = std::find_if(later->zones.begin(), later->zones.end(), [&](const auto& e) { return e.first == zone; });
+  if (z == later->zones.end()) later->zones.push_back({zone, 1});
+  else z->second++;
+  if (m) later->maps.push_back(m);
   return true;
+}
+
+void Conntrack::release(CtReleases* later) {
+  uint32_t total = 0;
+  for (const auto& [zone, n] : later->zones) {
+    zones_[zone].count.fetch_sub(n, std::memory_order_relaxed);
+    total += n;
+  }
+  if (total) count_.fetch_sub(total, std::memory_order_relaxed);
+  nat_.release(later->maps.data(), later->maps.size());
+  later->zones.clear();
+  later->maps.clear();
 }
 
 uint16_t Conntrack::admit(uint16_t zone) {
@@ -861,7 +880,7 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
         refile_.push_back(c);
         continue;
       }
-      if (ct_->remove(c)) expired++;
+      if (ct_->remove(c, &releases_)) expired++;
       retired_.push_back({0, c});
     }
     const bool done = tick_conns.empty();
@@ -876,6 +895,7 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
     if (!done) break;
   }
   if (wrapped && cursor_ > end_tick) cursor_ = now_tick;
+  ct_->release(&releases_);
   if (retired_.size() > untagged) {
     const uint64_t tag = ct_->epoch_.retire_tag();
     for (size_t i = untagged; i < retired_.size(); i++) retired_[i].first = tag;

@@ -129,6 +129,15 @@ struct CtPrep {
 
 class Conntrack;
 
+// What removals release (the connection counts, NAT mappings), gathered to
+// be released at once (Conntrack::release(CtReleases*)): an expiry sweep
+// takes the NAT lock and does the counts' locked subtractions once, not once
+// a connection.
+struct CtReleases {
+  std::vector<std::pair<uint16_t, uint32_t>> zones;  // zone, connections
+  std::vector<NatMapping*> maps;
+};
+
 // One worker's side of the table: its epoch slot, expiry wheel, connection
 // free list and counters.
 class CtWorker {
@@ -173,6 +182,7 @@ class CtWorker {
   std::vector<std::pair<uint64_t, Conn*>> retired_;  // (epoch tag, connection)
   std::unique_ptr<std::vector<Conn*>[]> wheel_;  // by tick: the connections filed there
   std::vector<Conn*> refile_;                     // sweep's scratch
+  CtReleases releases_;                           // sweep's scratch
   int64_t cursor_ = -1;         // next tick to process
   size_t filed_ = 0;
   bool in_read_ = false;
@@ -320,7 +330,8 @@ class Conntrack {
   // Inserts a new connection; false if its reply key is taken (then
   // *existing is the live connection with its original key, if any).
   bool insert(Conn* c, int64_t now, Conn** existing);
-  bool remove(Conn* c);  // unlink; false if it was already gone
+  bool remove(Conn* c, CtReleases* later = nullptr);  // unlink; false if it was already gone
+  void release(CtReleases* later);
   void refresh(Conn* c, int64_t now) const;
   void exec(Conn* c, const CtSpec& spec) const;
   uint16_t admit(uint16_t zone);  // counts a new connection in, or the drop reason

@@ -286,10 +286,15 @@ void NatTable::prefetch_release(const NatMapping* m) const {
     __builtin_prefetch(&b->w[be16(__atomic_load_n(&m->ext_port, __ATOMIC_RELAXED)) >> 6], 1);
 }
 
-void NatTable::release(NatMapping* m) {
-  if (!m) return;
+void NatTable::release(NatMapping* m) { release(&m, m ? 1 : 0); }
+
+void NatTable::release(NatMapping* const* ms, size_t n) {
+  if (!n) return;
   std::lock_guard<std::mutex> g(mu_);
-  if (--m->refs == 0 && !m->is_static) free_mapping(m);
+  for (size_t i = 0; i < n; i++) {
+    NatMapping* m = ms[i];
+    if (--m->refs == 0 && !m->is_static) free_mapping(m);
+  }
 }
 
 NatMapping* NatTable::find_ext(uint16_t zone, uint8_t proto, uint32_t ext_addr, uint16_t ext_port, bool dry_run,

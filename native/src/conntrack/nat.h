@@ -70,6 +70,7 @@ class NatTable {
   NatMapping* acquire(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r,
                       bool reachable, bool dry_run, uint32_t* ext_addr, uint16_t* ext_port);
   void release(NatMapping* m);
+  void release(NatMapping* const* ms, size_t n);  // each, under one lock
   // Prefetches, any thread, no lock: the line where acquire() will look for
   // an internal endpoint's mapping; the mapping's own line; and (its line
   // having been fetched) where release() will find it in the map. Their
