@@ -115,17 +115,20 @@ struct NatMapping;
 // Three cache lines. The first two hold everything a packet of an
 // established connection reads or writes (keys, expiry, mark, flags, TCP
 // state), so the conntrack stage fetches two lines per packet; the third
-// holds what only insertion, removal and labelled connections touch.
+// holds what only insertion, removal and labelled connections touch. Expiry
+// reads the first line (expiry, liveness, the original key's zone) and the
+// third, so the sweep fetches those two.
 struct alignas(64) Conn {
-  // ---- lines 0-1: keys, immutable once published -----------------------------------
-  CtKey key[2];                      // [0] original, [1] reply (after NAT)
-  // ---- lines 0-1: per-packet state ----------------------------------------------------
+  // ---- line 0: per-packet state that expiry reads too -----------------------------
   std::atomic<int64_t> expires{0};   // ns on the conntrack clock
   std::atomic<uint32_t> mark{0};
   uint8_t nat = 0;                   // kNatSrc / kNatDst
   std::atomic<uint8_t> state{0};     // UDP/ICMP: 0 first, 1 seen both ways; TCP: unused
   std::atomic<uint8_t> lock{0};      // spinlock for TCP state, label and mark writes
   std::atomic<uint8_t> dead{1};      // not in the table: not yet inserted (insert() clears it), or unlinked
+  // ---- lines 0-1: keys, immutable once published -----------------------------------
+  CtKey key[2];                      // [0] original, [1] reply (after NAT)
+  // ---- line 1: per-packet state ------------------------------------------------------
   TcpTrack tcp{};
   uint8_t tmo = 0;                   // timeout class in use (CtTimeoutClass)
   std::atomic<uint8_t> labelled{0};  // a label was ever set (else label_hi/lo are zero, unread)
@@ -145,6 +148,7 @@ struct alignas(64) Conn {
 };
 static_assert(sizeof(Conn) == 192, "a connection is three cache lines");
 static_assert(offsetof(Conn, pad) < 128 && offsetof(Conn, node) == 128, "a packet's fields are in the first two lines");
+static_assert(offsetof(Conn, dead) < 64 && offsetof(Conn, key[0].zone) < 64, "expiry reads lines 0 and 2 only");
 
 inline Conn* Conn::of(const CtNode* n) {
   return reinterpret_cast<Conn*>(reinterpret_cast<char*>(const_cast<CtNode*>(n - n->dir)) - offsetof(Conn, node));

@@ -869,7 +869,7 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
     refile_.clear();  // connections still alive go one tick on at least
     while (!tick_conns.empty() && budget) {
       const size_t k = tick_conns.size();
-      if (k > kConnAhead) Conntrack::prefetch_whole_conn(tick_conns[k - 1 - kConnAhead]);
+      if (k > kConnAhead) Conntrack::prefetch_for_expiry(tick_conns[k - 1 - kConnAhead]);
       if (k > kBucketAhead) ct_->prefetch_buckets(tick_conns[k - 1 - kBucketAhead]);
       if (k > kMapAhead) ct_->prefetch_mapping_slot(tick_conns[k - 1 - kMapAhead]);
       Conn* c = tick_conns.back();
