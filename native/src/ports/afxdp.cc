@@ -57,6 +57,7 @@ constexpr uint32_t kChunk = 4096;      // a UMEM chunk: one page (the largest al
 constexpr uint32_t kRxChunks = 2048;   // fill and RX rings hold all of them
 constexpr uint32_t kTxChunks = 1024;   // TX and completion rings hold all of them
 constexpr uint32_t kMaxDescs = 16;     // descriptors one frame may take (multi-buffer)
+constexpr uint32_t kFillBatch = 64;    // received chunks returned to the fill ring at once (of kRxChunks)
 constexpr uint32_t kKicks = 64;        // sendto calls per kick (copy mode sends 32 frames a call)
 
 Status xdp_error(const std::string& ifname, const char* what, int err) {
@@ -196,7 +197,10 @@ class AfXdpQueue : public PortQueue {
   Status create_socket(const QueueSpec& spec, uint16_t bind_flags);
   void close_socket();
   uint8_t* chunk(uint64_t addr) { return area_ + addr; }
-  void recycle(const uint64_t* addrs, uint32_t n);  // back to the fill ring
+  // Back to the fill ring, kFillBatch at a time: the ring's lines are read
+  // by the kernel on another CPU, and each submit moves them over.
+  void recycle(const uint64_t* addrs, uint32_t n);
+  void flush_fill();
   void reap();                                      // completion ring -> free TX chunks
   uint32_t tx_pending() const { return tx_.cached_prod - __atomic_load_n(tx_.consumer, __ATOMIC_ACQUIRE); }
   void kick();
@@ -212,6 +216,7 @@ class AfXdpQueue : public PortQueue {
   uint32_t ofport_ = 0, queue_ = 0;
   bool sg_ = false, zc_ = false, up_ = true;
   std::vector<uint64_t> tx_free_;
+  std::vector<uint64_t> fill_wait_;  // received chunks not yet back in the fill ring
   xdp_statistics seen_{};  // the kernel's counts at the last refresh (they never reset)
   std::string desc_;
 };
@@ -307,11 +312,18 @@ Status AfXdpQueue::open(const QueueSpec& spec) {
 }
 
 void AfXdpQueue::recycle(const uint64_t* addrs, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++) fill_wait_.push_back(addrs[i] & ~uint64_t{kChunk - 1});
+  if (fill_wait_.size() >= kFillBatch) flush_fill();
+}
+
+void AfXdpQueue::flush_fill() {
+  const uint32_t n = static_cast<uint32_t>(fill_wait_.size());
   uint32_t idx = 0;
   // Never short: the fill ring holds every RX chunk, and these were not in it.
-  if (xsk_ring_prod__reserve(&fill_, n, &idx) != n) return;
-  for (uint32_t i = 0; i < n; i++) *xsk_ring_prod__fill_addr(&fill_, idx + i) = addrs[i] & ~uint64_t{kChunk - 1};
+  if (!n || xsk_ring_prod__reserve(&fill_, n, &idx) != n) return;
+  for (uint32_t i = 0; i < n; i++) *xsk_ring_prod__fill_addr(&fill_, idx + i) = fill_wait_[i];
   xsk_ring_prod__submit(&fill_, n);
+  fill_wait_.clear();
 }
 
 uint32_t AfXdpQueue::rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, uint32_t cap) {
@@ -320,6 +332,7 @@ uint32_t AfXdpQueue::rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, uin
   // Enough descriptors for frames_max frames when some take several.
   const uint32_t n = xsk_ring_cons__peek(&rx_, frames_max + (sg_ ? kMaxDescs : 0), &idx);
   if (!n) {
+    flush_fill();  // an idle queue holds none back
     if (xsk_ring_prod__needs_wakeup(&fill_))  // zero-copy drivers wait for a nudge
       recvfrom(fd_, nullptr, 0, MSG_DONTWAIT, nullptr, nullptr);
     return 0;
