@@ -205,6 +205,31 @@ def test_cache_levels_counted():
     assert pmd["emc_hits"] + pmd["megaflow_hits"] == 97
 
 
+def test_emc_bypassed_while_it_misses_and_used_again_when_it_hits():
+    """With more flows than EMC entries its hit rate falls below 1/16 and lookups go
+    straight to the megaflow cache (emc_skipped); when the traffic narrows to a few flows,
+    the sub-batches that still probe it see hits and the EMC answers again."""
+    import numpy as np
+    from dpu import gen
+
+    dp = Dataplane(ports=PORTS, flows=["in_port=p1,ip,actions=output:p2"])
+    tmpl = 'Ether(src="02:00:00:00:00:01",dst="02:00:00:00:00:02")/IP(src="10.0.0.1",dst="10.1.0.0")/UDP(sport=1,dport=2)'
+
+    def run(flows, n):
+        pkts = gen.generate(tmpl, flows, flows=flows, vary={"ip.dst": "10.1.0.0-10.1.255.255"}, size=64)
+        ports = np.full(len(pkts), dp.port_number("p1"), dtype=np.uint32)
+        dp._core.bench(pkts.data.tobytes(), pkts.offsets, pkts.lengths, ports, n)
+        return dp.stats()["pmd"]
+
+    many = run(40_000, 400_000)
+    assert many["emc_skipped"] > 300_000, many
+    assert many["emc_hits"] + many["megaflow_hits"] + many["upcalls"] == many["packets"]
+    few = run(10, 400_000)
+    assert few["emc_hits"] - many["emc_hits"] > 300_000, few
+    assert few["emc_skipped"] - many["emc_skipped"] < 100_000, few
+    assert few["emc_hits"] + few["megaflow_hits"] + few["upcalls"] == few["packets"]
+
+
 @pytest.mark.parametrize("cut", range(0, 80, 3))
 def test_truncated_packets_never_crash_and_are_counted(cut):
     dp = Dataplane(ports=PORTS, flows=["priority=9,tcp,tp_dst=80,actions=output:p2", "priority=1,actions=output:p3"])

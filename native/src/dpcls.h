@@ -7,7 +7,8 @@
 //
 // EMC: 8192 entries, two candidate slots per hash, full-key compare; filled
 // with probability 1/emc_insert_inv_prob (100 as OVS's default) so a flood of
-// short flows does not thrash it. Megaflow cache: one Subtable per distinct
+// short flows does not thrash it. While it answers too few lookups, the
+// worker bypasses it for most sub-batches (Worker::pass, emc_skipped). Megaflow cache: one Subtable per distinct
 // mask (an open-addressing hash over only the mask's non-zero key words);
 // subtables are re-ordered by hit count every few thousand batches so the
 // busiest mask is probed first (as dpif-netdev's dpcls). Megaflows never

@@ -287,6 +287,15 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   // smaller pieces would stall on store-to-load forwarding.
   uint8_t look[kChunk];
   uint32_t n_look = 0, n_hinted = 0;
+  // (Probes are picked at random: a fixed period would keep landing on the
+  // same kind of sub-batch, e.g. always the pass after conntrack.)
+  bool use_emc = true;
+  if (emc_bypass_) {
+    rng_ ^= rng_ << 13;
+    rng_ ^= rng_ >> 7;
+    rng_ ^= rng_ << 17;
+    use_emc = (rng_ >> 32) % kEmcProbeEvery == 0;
+  }
   for (uint32_t i = 0; i < n; i++) {
     slots[i] = kNoSlot;
     mfs[i] = nullptr;
@@ -301,7 +310,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       }
     }
     hashes[i] = hash_key(keys[i]);
-    emc_.prefetch(hashes[i]);
+    if (use_emc) emc_.prefetch(hashes[i]);
     look[n_look++] = static_cast<uint8_t>(i);
   }
   counters.passes += n;
@@ -322,6 +331,12 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     __builtin_prefetch(mf);
     stamps[i] = emc_.stamp(slots[i]);
   };
+  if (!use_emc) {
+    std::memcpy(miss, look, n_look);
+    n_miss = n_look;
+    counters.emc_skipped += n_look;
+    n_look = 0;
+  }
   for (uint32_t k = 0; k < n_look; k++) {
     const uint32_t i = look[k];
     if (Megaflow* mf = emc_.lookup_first(keys[i], hashes[i], &slots[i])) {
@@ -336,7 +351,17 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     if (Megaflow* mf = emc_.lookup_second(keys[i], hashes[i], &slots[i])) hit(i, mf);
     else miss[n_miss++] = static_cast<uint8_t>(i);
   }
-  counters.emc_hits += n_look - n_miss;
+  if (use_emc) {
+    counters.emc_hits += n_look - n_miss;
+    // Bypass below a 1/16 hit rate; back above 1/8 (measured on the
+    // sub-batches that still look).
+    emc_window_looks_ += n_look;
+    emc_window_hits_ += n_look - n_miss;
+    if (emc_window_looks_ >= kEmcWindow) {
+      emc_bypass_ = emc_bypass_ ? emc_window_hits_ * 8 < emc_window_looks_ : emc_window_hits_ * 16 < emc_window_looks_;
+      emc_window_looks_ = emc_window_hits_ = 0;
+    }
+  }
   if (profile_) {
     t1 = cycles_now();
     counters.cycles[STAGE_EMC] += t1 - t0;

@@ -300,6 +300,13 @@ class Worker {
   PortSink* sink_ = nullptr;
   bool profile_ = false;
   uint32_t emc_inv_prob_ = 100;
+  // EMC bypass (worker.cc, pass()): while the EMC answers too few lookups
+  // (more flows than entries), only one sub-batch in kEmcProbeEvery looks
+  // in it; those measure its hit rate, and the rest go to the megaflow
+  // cache without fetching its lines. Inserts go on as usual.
+  static constexpr uint32_t kEmcProbeEvery = 16, kEmcWindow = 4096;
+  bool emc_bypass_ = false;
+  uint32_t emc_window_looks_ = 0, emc_window_hits_ = 0;
   uint64_t rng_ = 0x853c49e6748fea9bull;
   size_t max_megaflows_ = 1u << 20;
   uint64_t batch_count_ = 0;
