@@ -289,13 +289,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   uint32_t n_look = 0, n_hinted = 0;
   // (Probes are picked at random: a fixed period would keep landing on the
   // same kind of sub-batch, e.g. always the pass after conntrack.)
-  bool use_emc = true;
-  if (emc_bypass_) {
-    rng_ ^= rng_ << 13;
-    rng_ ^= rng_ >> 7;
-    rng_ ^= rng_ << 17;
-    use_emc = (rng_ >> 32) % kEmcProbeEvery == 0;
-  }
+  const bool use_emc = !emc_bypass_ || (next_random() >> 32) % kEmcProbeEvery == 0;
   for (uint32_t i = 0; i < n; i++) {
     slots[i] = kNoSlot;
     mfs[i] = nullptr;
@@ -377,12 +371,9 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     uint32_t i = miss[k];
     if (Megaflow* mf = mfs[i]) {
       counters.megaflow_hits++;
-      rng_ ^= rng_ << 13;
-      rng_ ^= rng_ >> 7;
-      rng_ ^= rng_ << 17;
       // A packet whose next pass after conntrack will be cached leaves the
       // EMC to the keys that still need it.
-      if (rng_ % emc_inv_prob_ == 0 && !(pkts[i]->md.ct_state && pkts[i]->ct.resume))
+      if (next_random() % emc_inv_prob_ == 0 && !(pkts[i]->md.ct_state && pkts[i]->ct.resume))
         emc_.insert(keys[i], hashes[i], mf);
     } else {
       up[n_up++] = static_cast<uint8_t>(i);
