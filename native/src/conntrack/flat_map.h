@@ -84,10 +84,15 @@ class FlatMap {
   // Fetches the line where a lookup of `k` starts. Safe from any thread
   // while another changes the map (it only reads the slots' address and
   // count, atomically; a stale pair prefetches a harmless wrong line).
-  void prefetch(const K& k) const {
+  // With `erasing`, the next slot's line too: erase() reads on to the end
+  // of the probe run, which often crosses into it.
+  void prefetch(const K& k, bool erasing = false) const {
     const Slot* sl = __atomic_load_n(&slots_, __ATOMIC_RELAXED);
     const size_t cap = __atomic_load_n(&cap_, __ATOMIC_RELAXED);
-    if (sl) __builtin_prefetch(&sl[Hash()(k) & (cap - 1)]);
+    if (!sl) return;
+    const size_t i = Hash()(k) & (cap - 1);
+    __builtin_prefetch(&sl[i], erasing);
+    if (erasing) __builtin_prefetch(&sl[(i + 1) & (cap - 1)], 1);
   }
 
   template <class F>

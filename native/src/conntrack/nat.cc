@@ -280,7 +280,8 @@ bool NatTable::predict(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t
 void NatTable::prefetch_release(const NatMapping* m) const {
   by_int_.prefetch(int_key(__atomic_load_n(&m->zone, __ATOMIC_RELAXED), __atomic_load_n(&m->proto, __ATOMIC_RELAXED),
                            __atomic_load_n(&m->int_addr, __ATOMIC_RELAXED),
-                           __atomic_load_n(&m->int_port, __ATOMIC_RELAXED), __atomic_load_n(&m->pool, __ATOMIC_RELAXED)));
+                           __atomic_load_n(&m->int_port, __ATOMIC_RELAXED), __atomic_load_n(&m->pool, __ATOMIC_RELAXED)),
+                   true);
   // PortBits outlive the table's mappings: a stale pointer is still a bitmap.
   if (const auto* b = static_cast<const PortBits*>(__atomic_load_n(&m->port_bits, __ATOMIC_RELAXED)))
     __builtin_prefetch(&b->w[be16(__atomic_load_n(&m->ext_port, __ATOMIC_RELAXED)) >> 6], 1);
