@@ -206,7 +206,7 @@ def test_cache_levels_counted():
 
 
 def test_emc_bypassed_while_it_misses_and_used_again_when_it_hits():
-    """With more flows than EMC entries its hit rate falls below 1/16 and lookups go
+    """With more flows than EMC entries its hit rate falls below 1/4 and lookups go
     straight to the megaflow cache (emc_skipped); when the traffic narrows to a few flows,
     the sub-batches that still probe it see hits and the EMC answers again."""
     import numpy as np

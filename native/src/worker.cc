@@ -347,12 +347,13 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   }
   if (use_emc) {
     counters.emc_hits += n_look - n_miss;
-    // Bypass below a 1/16 hit rate; back above 1/8 (measured on the
-    // sub-batches that still look).
+    // Bypass below a 1/4 hit rate; back above 1/3 (measured on the
+    // sub-batches that still look). The EMC (4 MiB) no longer fits in L2:
+    // a miss that fetched its lines only pushed out others.
     emc_window_looks_ += n_look;
     emc_window_hits_ += n_look - n_miss;
     if (emc_window_looks_ >= kEmcWindow) {
-      emc_bypass_ = emc_bypass_ ? emc_window_hits_ * 8 < emc_window_looks_ : emc_window_hits_ * 16 < emc_window_looks_;
+      emc_bypass_ = emc_bypass_ ? emc_window_hits_ * 3 < emc_window_looks_ : emc_window_hits_ * 4 < emc_window_looks_;
       emc_window_looks_ = emc_window_hits_ = 0;
     }
   }
