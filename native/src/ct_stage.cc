@@ -14,6 +14,7 @@
 // a bounded slice. Worker thread only.
 #include "dataplane.h"
 #include "execute.h"
+#include "parse.h"
 
 namespace dpu {
 
@@ -111,7 +112,9 @@ static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
 // megaflow still shortens the next pass: the job carries the megaflow, the
 // recirculated packet carries it (CtPacketMeta::after), and the next pass
 // tries the megaflow that followed it last time (Megaflow::after_ct) with a
-// masked compare before any cache lookup (worker.cc).
+// masked compare before any cache lookup (worker.cc); when that megaflow
+// does not recirculate, the stage runs the next pass itself at once
+// (ct_continue).
 
 void Worker::ct_note_resume(Packet* p, uint32_t slot, uint32_t stamp, const CtResult& r) {
   if (!r.conn || (r.state & (kCsNew | kCsInvalid | kCsRelated)) || !(r.state & kCsEstablished)) return;
@@ -153,6 +156,33 @@ void Worker::ct_resume(Packet* p, const CtResume& e, std::vector<Packet*>& next)
   mf->count(p->len);
   enter_tenant(p, mf->tenant);
   run_actions_nested(p, e.key, mf->acts, mf->n_acts, next);
+}
+
+// The next pass of a packet whose lone ct(table=T) megaflow was followed
+// by a megaflow last time, run right here while its bytes are still in L1:
+// parsed and, if that megaflow matches it, executed, exactly as pass()
+// would (it counts as the same pass). Otherwise it takes the ordinary next
+// pass. Not for a megaflow whose actions recirculate (the pass count
+// decides the recirculation limit) nor for a frame the next pass might
+// pop a tunnel from (parse_stage<true>).
+bool Worker::ct_continue(Packet* p, const Megaflow* from, std::vector<Packet*>& next) {
+  Megaflow* mf = from->after_ct;
+  if (!mf || mf->recirculates) return false;
+  if (fast_tunnel_ && !tnl_terms_.empty() && p->md.in_port < is_underlay_.size() && is_underlay_[p->md.in_port])
+    return false;
+  Flow key;
+  parse_packet(p, &key);
+  if (!megaflow_matches(*mf, words(key))) return false;  // parsed again there: rare
+  counters.passes++;
+  counters.recirculations++;
+  counters.megaflow_hits++;
+  counters.ct_hinted++;
+  recirculated_ = true;
+  mf->count(p->len);
+  enter_tenant(p, mf->tenant);
+  if (p->ct.resume) ct_fill_resume(p, mf, key);
+  run_actions_nested(p, key, mf->acts, mf->n_acts, next);
+  return true;
 }
 
 void Worker::conntrack_stage(std::vector<Packet*>& next) {
@@ -253,6 +283,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
         continue;
       }
       if (job.slot) ct_note_resume(job.p, job.slot - 1, job.stamp, r);
+      if (job.from && ct_continue(job.p, job.from, next)) continue;
       job.p->ct.after = job.from;  // its next pass tries what followed this megaflow last time
       next.push_back(job.p);
     } else {
