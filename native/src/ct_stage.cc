@@ -145,17 +145,23 @@ void Worker::ct_fill_resume(Packet* p, Megaflow* mf, const Flow& key) {
   emc_.set_resume(note.slot);
 }
 
-// The cached next pass: what pass() would have done with the packet.
-void Worker::ct_resume(Packet* p, const CtResume& e, std::vector<Packet*>& next) {
-  Megaflow* mf = e.mf;
+// A next pass run by the stage: what pass() would have done with the packet
+// once its key found `mf` (counted as a pass and a recirculation).
+void Worker::ct_next_pass(Packet* p, Megaflow* mf, const Flow& key, std::vector<Packet*>& next) {
   counters.passes++;
   counters.recirculations++;
-  counters.emc_hits++;
-  counters.ct_resumed++;
   recirculated_ = true;
   mf->count(p->len);
   enter_tenant(p, mf->tenant);
-  run_actions_nested(p, e.key, mf->acts, mf->n_acts, next);
+  if (p->ct.resume) ct_fill_resume(p, mf, key);
+  run_actions_nested(p, key, mf->acts, mf->n_acts, next);
+}
+
+// The cached next pass.
+void Worker::ct_resume(Packet* p, const CtResume& e, std::vector<Packet*>& next) {
+  counters.emc_hits++;
+  counters.ct_resumed++;
+  ct_next_pass(p, e.mf, e.key, next);
 }
 
 // The next pass of a packet whose lone ct(table=T) megaflow was followed
@@ -173,15 +179,9 @@ bool Worker::ct_continue(Packet* p, const Megaflow* from, std::vector<Packet*>& 
   Flow key;
   parse_packet(p, &key);
   if (!megaflow_matches(*mf, words(key))) return false;  // parsed again there: rare
-  counters.passes++;
-  counters.recirculations++;
   counters.megaflow_hits++;
   counters.ct_hinted++;
-  recirculated_ = true;
-  mf->count(p->len);
-  enter_tenant(p, mf->tenant);
-  if (p->ct.resume) ct_fill_resume(p, mf, key);
-  run_actions_nested(p, key, mf->acts, mf->n_acts, next);
+  ct_next_pass(p, mf, key, next);
   return true;
 }
 
