@@ -9,9 +9,10 @@
 //        (which may output, or hand the packet to conntrack again); dropped
 //        with the stage's reason when a connection cannot be committed.
 //
-// The stage runs once per pass over every packet that reached it, inside the
-// worker's epoch read section, and then advances the worker's expiry wheel by
-// a bounded slice. Worker thread only.
+// The stage runs during a pass whenever kCtStageJobs packets have reached
+// it, and at the end of the pass over the rest (in batch order either way),
+// inside the worker's epoch read section, and then advances the worker's
+// expiry wheel by a bounded slice. Worker thread only.
 #include "dataplane.h"
 #include "execute.h"
 #include "parse.h"

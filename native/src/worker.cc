@@ -168,8 +168,16 @@ void Worker::process(Batch& in) {
       break;
     }
     next.clear();
-    for (size_t off = 0; off < cur.size(); off += kChunk)
+    for (size_t off = 0; off < cur.size(); off += kChunk) {
       pass(cur.data() + off, static_cast<uint32_t>(std::min<size_t>(kChunk, cur.size() - off)), next, pass_no == 0);
+      // Conntrack every kCtStageJobs packets, not once for the whole batch:
+      // the first ones' bytes and prepared keys are still in cache.
+      if (ct_jobs_.size() >= kCtStageJobs) {
+        uint64_t t0 = profile_ ? cycles_now() : 0;
+        conntrack_stage(next);
+        if (profile_) counters.cycles[STAGE_CONNTRACK] += cycles_now() - t0;
+      }
+    }
     if (!ct_jobs_.empty()) {
       uint64_t t0 = profile_ ? cycles_now() : 0;
       conntrack_stage(next);

@@ -204,6 +204,7 @@ static_assert(offsetof(CtResume, label) == 64, "the first line is what a resumed
 
 constexpr int kMaxPasses = 8;
 constexpr uint32_t kChunk = 32;
+constexpr size_t kCtStageJobs = 128;  // a pass runs the conntrack stage once this many jobs wait (ct_stage.cc)
 
 class Worker {
  public:
