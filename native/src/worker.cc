@@ -172,17 +172,9 @@ void Worker::process(Batch& in) {
       pass(cur.data() + off, static_cast<uint32_t>(std::min<size_t>(kChunk, cur.size() - off)), next, pass_no == 0);
       // Conntrack every kCtStageJobs packets, not once for the whole batch:
       // the first ones' bytes and prepared keys are still in cache.
-      if (ct_jobs_.size() >= kCtStageJobs) {
-        uint64_t t0 = profile_ ? cycles_now() : 0;
-        conntrack_stage(next);
-        if (profile_) counters.cycles[STAGE_CONNTRACK] += cycles_now() - t0;
-      }
+      if (__builtin_expect(ct_jobs_.size() >= kCtStageJobs, 0)) timed_conntrack_stage(next);
     }
-    if (!ct_jobs_.empty()) {
-      uint64_t t0 = profile_ ? cycles_now() : 0;
-      conntrack_stage(next);
-      if (profile_) counters.cycles[STAGE_CONNTRACK] += cycles_now() - t0;
-    }
+    if (!ct_jobs_.empty()) timed_conntrack_stage(next);
     if (!next.empty()) {
       recirculated_ = true;
       counters.recirculations += next.size();
@@ -225,6 +217,12 @@ void Worker::report_drops(uint32_t n) {
 // its outer key says so and the inner frame is parsed into the same slot (a
 // pass that would only have executed TNL_POP); a pop that fails drops the
 // packet, which leaves the sub-batch. Returns the packets left, in live[].
+__attribute__((noinline)) void Worker::timed_conntrack_stage(std::vector<Packet*>& next) {
+  const uint64_t t0 = profile_ ? cycles_now() : 0;
+  conntrack_stage(next);
+  if (profile_) counters.cycles[STAGE_CONNTRACK] += cycles_now() - t0;
+}
+
 template <bool kTerms>
 uint32_t Worker::parse_stage(Packet** pkts, uint32_t n, Flow* keys, Packet** live, bool first) {
   uint32_t m = 0;

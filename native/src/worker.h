@@ -275,6 +275,7 @@ class Worker {
   void ct_resume(Packet* p, const CtResume& e, std::vector<Packet*>& next);
   void ct_fill_resume(Packet* p, Megaflow* mf, const Flow& key);
   bool ct_continue(Packet* p, const Megaflow* from, std::vector<Packet*>& next);
+  void timed_conntrack_stage(std::vector<Packet*>& next);  // conntrack_stage() under the profile's clock
   void ct_next_pass(Packet* p, Megaflow* mf, const Flow& key, std::vector<Packet*>& next);
   void drop(Packet* p, uint16_t reason);
   void count_oversize(uint32_t port, uint32_t len);
