@@ -212,17 +212,19 @@ void Worker::report_drops(uint32_t n) {
   }
 }
 
-// Stage 1: parse every packet of a sub-batch into keys[]. When the worker
-// terminates VXLAN (kTerms), a frame for one of our VTEPs is popped as soon as
-// its outer key says so and the inner frame is parsed into the same slot (a
-// pass that would only have executed TNL_POP); a pop that fails drops the
-// packet, which leaves the sub-batch. Returns the packets left, in live[].
+// Out of line: inlined into process()'s sub-batch loop, it slowed the runs
+// without conntrack (262bfc7, cfd1055).
 __attribute__((noinline)) void Worker::timed_conntrack_stage(std::vector<Packet*>& next) {
   const uint64_t t0 = profile_ ? cycles_now() : 0;
   conntrack_stage(next);
   if (profile_) counters.cycles[STAGE_CONNTRACK] += cycles_now() - t0;
 }
 
+// Stage 1: parse every packet of a sub-batch into keys[]. When the worker
+// terminates VXLAN (kTerms), a frame for one of our VTEPs is popped as soon as
+// its outer key says so and the inner frame is parsed into the same slot (a
+// pass that would only have executed TNL_POP); a pop that fails drops the
+// packet, which leaves the sub-batch. Returns the packets left, in live[].
 template <bool kTerms>
 uint32_t Worker::parse_stage(Packet** pkts, uint32_t n, Flow* keys, Packet** live, bool first) {
   uint32_t m = 0;
