@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -387,24 +388,38 @@ class OvsOracle:
         try:
             if fresh:
                 self.ctl.call("revalidator/purge")
+            before = self.lookups()
             self.ctl.call("netdev-dummy/receive", port, data.hex())
             self.of.barrier()
+            self._wait_for_lookup(before)
         except (OSError, OvsError):
             self.check_alive()
             raise
         self.packets_injected += 1
-        out = self.collect()
-        if not out:
-            # Nothing yet: a translation of thousands of resubmits on a loaded machine
-            # was once seen to write its output after the barrier's reply. Two more
-            # barriers, the second after a pause, before taking "nothing" for an answer.
-            for pause in (0.0, 0.02):
-                time.sleep(pause)
-                self.of.barrier()
-                out = self.collect()
-                if out:
-                    break
-        return out
+        return self.collect()
+
+    def lookups(self) -> int:
+        """The datapath's lookups so far (hit + missed + lost, from dpctl/show)."""
+        assert self.ctl is not None
+        text = self.ctl.call("dpctl/show")
+        m = re.search(r"lookups: hit:(\d+) missed:(\d+) lost:(\d+)", text)
+        if not m:
+            raise OvsError(f"dpctl/show has no lookups line: {text[:300]}")
+        return sum(int(g) for g in m.groups())
+
+    def _wait_for_lookup(self, before: int, timeout: float = 30.0) -> None:
+        """Waits until the datapath has looked the injected packet up. A barrier's
+        reply does not wait for the datapath: a translation of thousands of
+        resubmits on a loaded machine has written its output after it. dpif-netdev
+        counts a miss after the upcall's actions have run (fast_path_processing),
+        so once the count moves the packet's output is in the pcap files."""
+        end = time.monotonic() + timeout
+        pause = 0.0005
+        while self.lookups() <= before:
+            if time.monotonic() > end:
+                raise OvsError(f"the datapath did not look the packet up within {timeout:.0f} s")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def collect(self) -> Dict[str, List[bytes]]:
         out: Dict[str, List[bytes]] = {}
