@@ -1182,6 +1182,53 @@ def test_ct_resume_never_uses_a_flushed_connection():
     assert st["ports"]["p1"]["drops"]["policy"] == drops_before + 1
 
 
+def test_ct_resume_never_uses_a_replaced_translation():
+    """A worker caches a connection by its memory; when that memory holds a new
+    connection with the same original tuple but another translation, the cached pass
+    (whose key has the old translated port) is not used. The first connection leaves
+    from another port than its own 40000 (held by another zone's connection to the same
+    server), both expire, and the second leaves from 40000, which table 1 sends to p2:
+    a packet resumed from the old cache would go to p4 (seen with the check removed)."""
+    flows = [
+        "table=0,priority=10,in_port=p3,ip,ct_state=-trk,actions=ct(table=1,zone=200,nat)",
+        "table=0,priority=10,ip,ct_state=-trk,actions=ct(table=1,zone=100,nat)",
+        "table=1,priority=10,in_port=p3,ip,ct_state=+trk+new,actions=ct(commit,zone=200,nat(src=203.0.113.10)),output:p2",
+        "table=1,priority=10,in_port=p1,ip,ct_state=+trk+new,actions=ct(commit,zone=100,nat(src=203.0.113.10)),output:p2",
+        "table=1,priority=20,in_port=p1,tcp,tp_src=40000,ct_state=+trk+est,actions=output:p2",
+        "table=1,priority=10,in_port=p1,tcp,ct_state=+trk+est,actions=output:p4",
+        "table=1,priority=10,in_port=p2,ip,ct_state=+trk+est+rpl,actions=output:p1",
+        "table=1,priority=0,actions=drop(policy)",
+    ]
+    dp, _ = ct_build(flows, timeouts=CT_TIMEOUTS)
+    dp._core.set_emc_insert_inv_prob(1)
+
+    def send(port, pkt, t):
+        return [(o.port, TCP(o.data[34:]).sport) for o in dp.process([(port, bytes(pkt))], timestamps=[T0 + round(t * 1e9)])]
+
+    def server(dport, flags):
+        return _eth(False) / IP(src=S1, dst=SNAT_IP) / TCP(sport=80, dport=dport, flags=flags, seq=5000, ack=1001)
+
+    def data(t):
+        return send("p1", _snat_tcp(True, "PA", 1001, 5001, b"c" * 10), t)
+
+    assert send("p3", _eth() / IP(src=C2, dst=S1) / TCP(sport=40000, dport=80, flags="S"), 0) == [("p2", 40000)]
+    (_, port1), = send("p1", _snat_tcp(True, "S", 1000), 0.1)
+    assert port1 != 40000 and send("p2", server(port1, "SA"), 0.2) == [("p1", 80)]
+    assert [data(1 + i) for i in range(4)] == [[("p4", port1)]] * 4
+    assert dp.stats()["workers_total"]["ct_resumed"] >= 2
+    # Past both connections' timeouts: expired, their memory freed (a few stages later).
+    for i in range(4):
+        assert send("p2", server(33333, "A"), 100 + i / 10) == []
+    assert dp.conntrack() == []
+    assert send("p1", _snat_tcp(True, "S", 1000), 101) == [("p2", 40000)]
+    assert send("p2", server(40000, "SA"), 101.1) == [("p1", 80)]
+    resumed = dp.stats()["workers_total"]["ct_resumed"]
+    assert data(102) == [("p2", 40000)]
+    assert dp.stats()["workers_total"]["ct_resumed"] == resumed
+    assert data(103) == [("p2", 40000)]  # resumed: the new connection is cached in its turn
+    assert dp.stats()["workers_total"]["ct_resumed"] == resumed + 1
+
+
 def test_stopped_clock_moves_only_with_packets_and_warp():
     """Dataplane.stop_clock (ovs-appctl time/stop): wall time does not age a connection;
     packet timestamps and warp() do; once restarted, time goes on from where it stood."""

@@ -38,7 +38,7 @@ void Worker::ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpA
 }
 
 void Worker::ct_enqueue_resumable(Packet* p, Megaflow* mf, uint32_t slot, uint32_t stamp) {
-  if (slot && ct_resume_) __builtin_prefetch(&(*ct_resume_)[slot - 1]);  // read at the stage, if the slot resumes
+  if (slot) emc_.prefetch_side(slot - 1);  // read at the stage, if the slot resumes
   // Field by field into the vector: a job built on the stack and copied
   // whole stalls on store forwarding (its 4-byte stores, then 16-byte loads).
   CtJob& j = ct_jobs_.emplace_back();
@@ -120,7 +120,7 @@ static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
 void Worker::ct_note_resume(Packet* p, uint32_t slot, uint32_t stamp, const CtResult& r) {
   if (!r.conn || (r.state & (kCsNew | kCsInvalid | kCsRelated)) || !(r.state & kCsEstablished)) return;
   if (resume_notes_.size() >= 0xffff) return;
-  resume_notes_.push_back(ResumeNote{p, slot, stamp, r.conn, r.mark, r.dir, r.state, r.conn->key[1 - r.dir], r.label});
+  resume_notes_.push_back(ResumeNote{p, slot, stamp, r.conn, r.mark, r.state, ct_xlat(r.conn->key[1 - r.dir]), r.label});
   p->ct.resume = static_cast<uint16_t>(resume_notes_.size());
 }
 
@@ -132,18 +132,11 @@ void Worker::ct_fill_resume(Packet* p, Megaflow* mf, const Flow& key) {
   note.p = nullptr;
   if (!mf || mf->recirculates) return;  // not installed; or its actions would make passes a cache cannot count
   if (emc_.stamp(note.slot) != note.stamp) return;  // the slot holds another key now
-  if (!ct_resume_) ct_resume_ = std::make_unique<HugeArray<CtResume>>(Emc::kEntries);
-  CtResume& e = (*ct_resume_)[note.slot];
-  e.conn = note.conn;
-  e.mf = mf;
-  e.mark = note.mark;
-  e.dir = note.dir;
-  e.state = note.state;
-  e.labelled = note.label != 0;
-  e.other = note.other;
-  e.label = note.label;
-  e.key = key;
-  emc_.set_resume(note.slot);
+  if (!ct_resume_) ct_resume_ = std::make_unique<HugeArray<CtResumeCold>>(Emc::kEntries);
+  CtResumeCold& cold = (*ct_resume_)[note.slot];
+  cold.label = note.label;
+  cold.key = key;
+  emc_.set_side(note.slot, CtResume::tag(note.state, note.label != 0), CtResume{note.conn, mf, note.mark, note.other});
 }
 
 // A next pass run by the stage: what pass() would have done with the packet
@@ -159,10 +152,10 @@ void Worker::ct_next_pass(Packet* p, Megaflow* mf, const Flow& key, std::vector<
 }
 
 // The cached next pass.
-void Worker::ct_resume(Packet* p, const CtResume& e, std::vector<Packet*>& next) {
+void Worker::ct_resume(Packet* p, const CtResume& e, const CtResumeCold& cold, std::vector<Packet*>& next) {
   counters.emc_hits++;
   counters.ct_resumed++;
-  ct_next_pass(p, e.mf, e.key, next);
+  ct_next_pass(p, e.mf, cold.key, next);
 }
 
 // The next pass of a packet whose lone ct(table=T) megaflow was followed
@@ -211,7 +204,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   if (ct_kind_.size() < n) ct_kind_.resize(n);
   auto fetch_head = [&](size_t j) {
     const CtJob& job = ct_jobs_[j];
-    ct_kind_[j] = job.slot && emc_.resumes(job.slot - 1, job.stamp) ? kKnown : kLookup;
+    ct_kind_[j] = job.slot && emc_.side_tag(job.slot - 1, job.stamp) ? kKnown : kLookup;
     if (ct_kind_[j] == kKnown) return;  // its entry was prefetched when the job was queued
     if (job.p->md.ct_state && job.p->ct_conn) {
       ct_kind_[j] = kCarried;
@@ -224,7 +217,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   };
   auto fetch_node = [&](size_t j) {
     if (ct_kind_[j] == kKnown) {
-      const CtResume& e = (*ct_resume_)[ct_jobs_[j].slot - 1];
+      const CtResume& e = emc_.side<CtResume>(ct_jobs_[j].slot - 1);
       Conntrack::prefetch_conn(e.conn);
       __builtin_prefetch(e.mf);
     } else if (ct_kind_[j] == kLookup && ct_prep_[j].ok) {
@@ -252,9 +245,12 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     const CtJob job = ct_jobs_[j];
     CtResult r;
     const CtResume* known = nullptr;
+    uint16_t known_tag = 0;
     if (j < n && ct_kind_[j] == kKnown) {
-      const CtResume& e = (*ct_resume_)[job.slot - 1];
-      if (ct.execute_known(*ctw_, job.p, *job.spec, e.conn, e.dir, e.other, now, &r)) known = &e;
+      const CtResume& e = emc_.side<CtResume>(job.slot - 1);
+      known_tag = emc_.side_tag(job.slot - 1, job.stamp);
+      if (known_tag && ct.execute_known(*ctw_, job.p, *job.spec, e.conn, CtResume::dir_of(known_tag), e.other, now, &r))
+        known = &e;
       else ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);
     } else if (j < n && ct_kind_[j] == kCarried) {
       CtPrep& pr = ct_prep_[j];
@@ -279,9 +275,14 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     store_result(job.p, *job.spec, r);
     if (job.spec->recirc_id) {
       job.p->md.recirc_id = job.spec->recirc_id;
-      if (known && known->same(r)) {
-        ct_resume(job.p, *known, next);
-        continue;
+      if (known && r.conn == known->conn && r.state == CtResume::state_of(known_tag) && r.mark == known->mark) {
+        // The same result as the cached one (the direction is in the state);
+        // the label array is read only if the cached result had one.
+        const CtResumeCold& cold = (*ct_resume_)[job.slot - 1];
+        if (CtResume::labelled(known_tag) ? r.label == cold.label : r.label == 0) {
+          ct_resume(job.p, *known, cold, next);
+          continue;
+        }
       }
       if (job.slot) ct_note_resume(job.p, job.slot - 1, job.stamp, r);
       if (job.from && ct_continue(job.p, job.from, next)) continue;

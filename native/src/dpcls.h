@@ -26,7 +26,10 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
+#include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "dpu/mem.h"
@@ -238,18 +241,37 @@ class Emc {
     t->hash = hash;
     t->mf = mf;
     t->stamp++;
-    t->resume = 0;
+    t->side_tag = 0;
   }
   // Each insert into a slot changes its stamp: a slot with the stamp seen
-  // earlier still holds the same key. `resume` marks a slot whose key has a
-  // cached next pass after conntrack (Worker, CtResume).
+  // earlier (within one batch: 16 bits) still holds the same key.
   uint32_t stamp(uint32_t slot) const { return e_[slot].stamp; }
-  bool resumes(uint32_t slot, uint32_t stamp) const { return e_[slot].resume && e_[slot].stamp == stamp; }
-  void set_resume(uint32_t slot) { e_[slot].resume = 1; }
+
+  // Side data: kSideBytes that the owner keeps with an entry, and a nonzero
+  // 16-bit tag saying they are set, until the next insert into the slot or
+  // flush. The worker keeps the cached pass after conntrack there (CtResume,
+  // ct_stage.cc). They fill the entry's last line, on the page a hit has just
+  // read, which prefetch_side() fetches.
+  static constexpr size_t kSideBytes = 32;
+  uint16_t side_tag(uint32_t slot, uint32_t stamp) const {
+    return e_[slot].stamp == static_cast<uint16_t>(stamp) ? e_[slot].side_tag : 0;
+  }
+  template <class T>
+  const T& side(uint32_t slot) const {
+    static_assert(sizeof(T) == kSideBytes && std::is_trivially_copyable<T>::value, "side data is raw bytes");
+    return *reinterpret_cast<const T*>(e_[slot].side);
+  }
+  template <class T>
+  void set_side(uint32_t slot, uint16_t tag, const T& v) {
+    static_assert(sizeof(T) == kSideBytes && std::is_trivially_copyable<T>::value, "side data is raw bytes");
+    std::memcpy(e_[slot].side, &v, kSideBytes);
+    e_[slot].side_tag = tag;
+  }
+  void prefetch_side(uint32_t slot) const { __builtin_prefetch(e_[slot].side); }
   void clear() {
     for (uint32_t i = 0; i < kEntries; i++) {
       e_[i].mf = nullptr;
-      e_[i].resume = 0;
+      e_[i].side_tag = 0;
     }
   }
 
@@ -282,13 +304,18 @@ class Emc {
   }
 
  private:
+  // Four lines: a lookup compares the first three (the hash, the megaflow
+  // and an untracked key's words); the tracked words and the side data fill
+  // the fourth. Sixteen to a page.
   struct alignas(64) Entry {
     uint32_t hash;
-    uint32_t stamp;
+    uint16_t stamp;
+    uint16_t side_tag;
     Megaflow* mf;
-    uint8_t resume;
     uint64_t key[kKeyWords];
+    alignas(8) unsigned char side[kSideBytes];
   };
+  static_assert(sizeof(Entry) == 256 && offsetof(Entry, side) == 224, "an entry is four lines, side data last");
   HugeArray<Entry> e_;
 
   Megaflow* probe(const Flow& key, uint32_t hash, uint32_t i, uint32_t* slot) const {

@@ -176,7 +176,7 @@ struct WorkerCounters {
   }
 };
 
-// The pass after conntrack of an established connection, cached (worker.cc,
+// The pass after conntrack of an established connection, cached (ct_stage.cc,
 // "Resuming after conntrack"). One per EMC slot whose key's megaflow is a
 // lone ct(table=T) (Megaflow::ct_resume): the connection that key's packets
 // belonged to, the state they got, and the megaflow and key the next pass
@@ -184,23 +184,26 @@ struct WorkerCounters {
 // connection's translation (its keys) and its state, mark and label, so a
 // packet with the same key whose conntrack result is the same skips that
 // pass's parse and lookups.
-// The first line holds what every resumed packet reads (the connection, its
-// other key, the state, the megaflow); the label and key follow.
-struct alignas(64) CtResume {
-  Conn* conn = nullptr;
-  Megaflow* mf = nullptr;
-  uint32_t mark = 0;
-  uint8_t dir = 0, state = 0;
-  bool labelled = false;
-  CtKey other{};
+// What every resumed packet reads is kept in the EMC entry itself (its side
+// data, on the page the hit has just read), its state and whether it has a
+// label in the entry's side tag; the label and the next pass's key, which
+// few packets read, in an array by slot.
+struct CtResume {
+  Conn* conn;
+  Megaflow* mf;
+  uint32_t mark;
+  CtXlat other;  // the connection's other key (the translation)
+  // The side tag: set, the state, and whether the result had a label.
+  static uint16_t tag(uint8_t state, bool labelled) { return static_cast<uint16_t>(0x8000u | (labelled ? 0x100u : 0u) | state); }
+  static uint8_t state_of(uint16_t tag) { return static_cast<uint8_t>(tag); }
+  static uint8_t dir_of(uint16_t tag) { return (tag & kCsReplyDir) ? 1 : 0; }
+  static bool labelled(uint16_t tag) { return (tag & 0x100u) != 0; }
+};
+static_assert(sizeof(CtResume) == Emc::kSideBytes, "kept in an EMC entry");
+struct CtResumeCold {
   u128 label = 0;
   Flow key{};
-  bool same(const CtResult& r) const {
-    return r.conn == conn && r.dir == dir && r.state == state && r.mark == mark &&
-           (labelled ? r.label == label : r.label == 0);
-  }
 };
-static_assert(offsetof(CtResume, label) == 64, "the first line is what a resumed packet reads");
 
 constexpr int kMaxPasses = 8;
 constexpr uint32_t kChunk = 32;
@@ -272,7 +275,7 @@ class Worker {
   void ct_enqueue_resumable(Packet* p, Megaflow* mf, uint32_t slot, uint32_t stamp);
   void conntrack_stage(std::vector<Packet*>& next);
   void ct_note_resume(Packet* p, uint32_t slot, uint32_t stamp, const CtResult& r);
-  void ct_resume(Packet* p, const CtResume& e, std::vector<Packet*>& next);
+  void ct_resume(Packet* p, const CtResume& e, const CtResumeCold& cold, std::vector<Packet*>& next);
   void ct_fill_resume(Packet* p, Megaflow* mf, const Flow& key);
   bool ct_continue(Packet* p, const Megaflow* from, std::vector<Packet*>& next);
   void timed_conntrack_stage(std::vector<Packet*>& next);  // conntrack_stage() under the profile's clock
@@ -345,8 +348,8 @@ class Worker {
   std::vector<CtJob> ct_jobs_;
   std::vector<uint8_t> ct_kind_;             // by job: looked up, its slot's cached connection tried first, or opening a SNAT connection
   // By EMC slot; allocated by the first fill (a worker that never resumes,
-  // such as a trace's, never pays for its 2.5 MiB).
-  std::unique_ptr<HugeArray<CtResume>> ct_resume_;
+  // such as a trace's, never pays for its 4.25 MiB).
+  std::unique_ptr<HugeArray<CtResumeCold>> ct_resume_;
   // Packets recirculated after conntrack whose next pass will be cached
   // (Packet::ct.resume indexes this; cleared with every batch).
   struct ResumeNote {
@@ -354,8 +357,8 @@ class Worker {
     uint32_t slot, stamp;
     Conn* conn;
     uint32_t mark;
-    uint8_t dir, state;
-    CtKey other;
+    uint8_t state;
+    CtXlat other;
     u128 label;
   };
   std::vector<ResumeNote> resume_notes_;

@@ -42,6 +42,21 @@ inline bool ct_key_eq(const CtKey& a, const CtKey& b) {
   return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3]) | (x[4] ^ y[4])) == 0;
 }
 
+// What of a connection's key[1 - d] NAT may make differ from its key[d]
+// reversed: the first words of the addresses, and the ports. Zone, protocol
+// and family are the same in both keys, an IPv4 address is its first word,
+// and IPv6 is never translated (its key[1 - d] holds key[d]'s addresses
+// swapped). So with key[d], these twelve bytes name the connection's keys,
+// translation included.
+struct CtXlat {
+  uint32_t src, dst;
+  uint16_t sport, dport;
+};
+inline CtXlat ct_xlat(const CtKey& k) { return CtXlat{k.src[0], k.dst[0], k.sport, k.dport}; }
+inline bool ct_xlat_eq(const CtKey& k, const CtXlat& x) {
+  return ((k.src[0] ^ x.src) | (k.dst[0] ^ x.dst) | static_cast<uint32_t>((k.sport ^ x.sport) | (k.dport ^ x.dport))) == 0;
+}
+
 inline uint32_t ct_key_hash(const CtKey& k) {
   uint64_t w[5];
   std::memcpy(w, &k, 40);

@@ -452,12 +452,12 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
 // keys are stable and its memory not reused before CtWorker::end(); keys
 // equal to the packet's tuple and to `other` make it the connection lookup()
 // would find, or one with the same keys and translation.
-bool Conntrack::execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtKey& other,
+bool Conntrack::execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtXlat& other,
                               int64_t now, CtResult* r) {
   if (c->dead.load(std::memory_order_acquire) || c->expires.load(std::memory_order_relaxed) <= now) return false;
   CtPacket cp;
   if (!ct_extract(p, spec.zone, &cp) || cp.icmp_error) return false;
-  if (!ct_key_eq(c->key[dir], cp.key) || !ct_key_eq(c->key[1 - dir], other)) return false;
+  if (!ct_key_eq(c->key[dir], cp.key) || !ct_xlat_eq(c->key[1 - dir], other)) return false;
   r->reset();
   decide(w, p, spec, cp, false, 0, c, dir, now, false, r);
   return true;

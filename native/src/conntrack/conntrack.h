@@ -233,11 +233,11 @@ class Conntrack {
   void execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r);
   // The stage for an untracked packet whose connection the worker remembers
   // (its cache of established connections, worker.h): `c` stands in for the
-  // lookup only if it is still live and its keys are the packet's tuple (in
-  // direction `dir`) and `other`; then the packet gets exactly what
-  // execute() would give it. False: `c` is not the packet's connection and
-  // nothing was done.
-  bool execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtKey& other,
+  // lookup only if it is still live, its key in direction `dir` is the
+  // packet's tuple and its other key is the one `other` was taken from;
+  // then the packet gets exactly what execute() would give it. False: `c`
+  // is not the packet's connection and nothing was done.
+  bool execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtXlat& other,
                      int64_t now, CtResult* r);
   // The stage for a packet that an earlier ct put in connection `c` (in
   // direction `dir`; Packet::ct_conn), prepared without its hash: `c` stands
