@@ -230,6 +230,26 @@ def test_emc_bypassed_while_it_misses_and_used_again_when_it_hits():
     assert few["emc_hits"] + few["megaflow_hits"] + few["upcalls"] == few["packets"]
 
 
+def test_emc_keeps_ten_thousand_flows_by_moving_keys():
+    """10,000 flows in the 16,384-entry EMC (two ways a key): an insert whose two ways
+    are taken moves a key there to its other way when that (or the next key's other way)
+    is free, instead of evicting it. 96% of packets hit; evicting at once, 89%."""
+    import numpy as np
+    from dpu import gen
+
+    dp = Dataplane(ports=PORTS, flows=["in_port=p1,ip,actions=output:p2"])
+    dp._core.set_emc_insert_inv_prob(1)
+    tmpl = 'Ether(src="02:00:00:00:00:01",dst="02:00:00:00:00:02")/IP(src="10.0.0.1",dst="10.1.0.0")/UDP(sport=1,dport=2)'
+    pkts = gen.generate(tmpl, 10_000, flows=10_000, vary={"ip.dst": "10.1.0.0-10.1.255.255"}, size=64)
+    ports = np.full(len(pkts), dp.port_number("p1"), dtype=np.uint32)
+    dp._core.bench(pkts.data.tobytes(), pkts.offsets, pkts.lengths, ports, 400_000)
+    before = dp.stats()["pmd"]
+    dp._core.bench(pkts.data.tobytes(), pkts.offsets, pkts.lengths, ports, 400_000)
+    after = dp.stats()["pmd"]
+    hits = (after["emc_hits"] - before["emc_hits"]) / (after["packets"] - before["packets"])
+    assert hits > 0.93, (hits, after)
+
+
 @pytest.mark.parametrize("cut", range(0, 80, 3))
 def test_truncated_packets_never_crash_and_are_counted(cut):
     dp = Dataplane(ports=PORTS, flows=["priority=9,tcp,tp_dst=80,actions=output:p2", "priority=1,actions=output:p3"])
