@@ -240,13 +240,15 @@ class Emc {
   // frees a way is one of the two keys, chosen by the hash, evicted. With
   // 10,000 keys in 16,384 entries, 96% of them keep an entry, where evicting
   // at once keeps 89% (a simulation of snat-est-10k's traffic). Inserts
-  // are rare (one miss in emc_inv_prob_), so the moves cost little.
-  void insert(const Flow& key, uint32_t hash, Megaflow* mf) {
+  // are rare (one miss in emc_inv_prob_), but each move reads cold entries:
+  // with `move_keys` false (the worker bypasses the EMC: far more keys than
+  // entries, where moving only reshuffles) the insert evicts at once.
+  void insert(const Flow& key, uint32_t hash, Megaflow* mf, bool move_keys) {
     const uint32_t a = hash & (kEntries - 1), b = (hash >> kBits) & (kEntries - 1);
     uint32_t t;
     if (!e_[a].mf || e_[a].hash == hash) t = a;
     else if (!e_[b].mf || e_[b].hash == hash) t = b;
-    else if (!make_room(a, b, &t)) t = ((hash >> 2 * kBits) & 1) ? a : b;
+    else if (!move_keys || !make_room(a, b, &t)) t = ((hash >> 2 * kBits) & 1) ? a : b;
     Entry& e = e_[t];
     std::memcpy(e.key, &key, kKeyBytes);
     e.hash = hash;
