@@ -114,27 +114,6 @@ void Conntrack::ensure_table() {
   buckets_.store(bs, std::memory_order_release);
 }
 
-void Conntrack::prefetch_head(uint32_t hash) const {
-  Bucket* bs = buckets();
-  if (bs) __builtin_prefetch(&bs[hash & mask_]);
-}
-
-bool Conntrack::prefetch_node(uint32_t hash) const {
-  Bucket* bs = buckets();
-  if (!bs) return false;
-  const Bucket& b = bs[hash & mask_];
-  const uint64_t tag = tag_of(hash);
-  bool maybe = b.chain.load(std::memory_order_relaxed) != nullptr;
-  for (const auto& s : b.slot) {
-    const uint64_t e = s.load(std::memory_order_relaxed);
-    if (e && (e >> kTagShift) == tag) {
-      prefetch_conn(conn_of(e));
-      maybe = true;
-    }
-  }
-  return maybe;
-}
-
 // A reply key (the reverse of the original) as source NAT to public
 // address `ea` and port `ep` makes it.
 static void set_snat_reply(CtKey* reply, uint32_t ea, uint16_t ep) {

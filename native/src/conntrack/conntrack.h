@@ -221,10 +221,27 @@ class Conntrack {
   // lookup unnecessary: hash_prep() when it does not).
   void prepare(Packet* p, const CtSpec& spec, CtPrep* pr, bool hash = true) const;
   static void hash_prep(CtPrep* pr);
-  void prefetch_head(uint32_t hash) const;  // the key's bucket
+  void prefetch_head(uint32_t hash) const {  // the key's bucket
+    Bucket* bs = buckets();
+    if (bs) __builtin_prefetch(&bs[hash & mask_]);
+  }
   // The connections in it that the key's tag points to; false if the key
   // cannot be in the table (no tag matches and no chain).
-  bool prefetch_node(uint32_t hash) const;
+  bool prefetch_node(uint32_t hash) const {
+    Bucket* bs = buckets();
+    if (!bs) return false;
+    const Bucket& b = bs[hash & mask_];
+    const uint64_t tag = tag_of(hash);
+    bool maybe = b.chain.load(std::memory_order_relaxed) != nullptr;
+    for (const auto& s : b.slot) {
+      const uint64_t e = s.load(std::memory_order_relaxed);
+      if (e && (e >> kTagShift) == tag) {
+        prefetch_conn(conn_of(e));
+        maybe = true;
+      }
+    }
+    return maybe;
+  }
   // For a packet that will open a source-NATed connection: the bucket its
   // reply key will be inserted in, with the port NAT is expected to pick
   // (NatTable::predict), so that insert() does not wait for it.
