@@ -44,6 +44,14 @@ CXXFLAGS += _host_isa()
 SANITIZE = ["-fsanitize=address,undefined", "-fno-wrapv"] if os.environ.get("DPU_DEBUG") else []
 if SANITIZE:  # DPU_DEBUG=1: both extensions under ASan+UBSan (preload libasan/libubsan to run)
     CXXFLAGS = [f for f in CXXFLAGS if f != "-O3"] + ["-O0", "-g"] + SANITIZE
+# Link-time optimisation of the core: a packet's conntrack stage calls across
+# files (ct_stage.cc, conntrack.cc, ct_packet.cc, ct_tcp.cc), which only the
+# linker can inline (8 rounds A/B: snat-1m x1.06, snat-est-10k x1.04, snat-new
+# x1.04, l3-rewrite-1k x0.97, the rest within 2%). The code is generated at
+# link time, so the link gets the optimisation and ISA flags too.
+# DPU_NO_LTO=1, or DPU_DEBUG=1, builds without it.
+LTO = [] if SANITIZE or os.environ.get("DPU_NO_LTO") else ["-flto=auto"]
+LTO_LINK = LTO and LTO + ["-O3"] + _host_isa()
 
 
 def _afxdp():
@@ -73,8 +81,8 @@ ext_modules = [
         include_dirs=["native/include", "native/src"],
         cxx_std=17,
         depends=HEADERS,
-        extra_compile_args=CXXFLAGS + AFXDP_CFLAGS,
-        extra_link_args=SANITIZE + AFXDP_LIBS,
+        extra_compile_args=CXXFLAGS + LTO + AFXDP_CFLAGS,
+        extra_link_args=SANITIZE + LTO_LINK + AFXDP_LIBS,
     ),
 ]
 
