@@ -99,7 +99,8 @@ inline uint8_t ipv6_csum_proto(const Packet* p) {
 
 // Masked write of a whole window when no checksum depends on it (Ethernet,
 // ARP, VLAN): a plain copy when the mask is full, else whole words at a time.
-inline void masked_copy(uint8_t* h, const DpAction& a) {
+// (always_inline, as apply_window: see PacketPool::take.)
+__attribute__((always_inline)) inline void masked_copy(uint8_t* h, const DpAction& a) {
   size_t i = 0;
   const size_t n = a.len;
   if (a.full) {
@@ -128,7 +129,8 @@ inline void masked_copy(uint8_t* h, const DpAction& a) {
 // Masked write of the changed 16-bit words of a set window at `h`; keeps the
 // checksum at `csum` (if any) and, for address words, the L4 checksum at
 // `l4c` (if any) up to date, one RFC 1624 step per changed word.
-inline void apply_window(uint8_t* h, const DpAction& a, uint8_t* csum, uint8_t* l4c, bool udp) {
+__attribute__((always_inline)) inline void apply_window(uint8_t* h, const DpAction& a, uint8_t* csum, uint8_t* l4c,
+                                                        bool udp) {
   uint16_t hc = csum ? load16(csum) : 0;
   uint16_t lc = l4c ? load16(l4c) : 0;
   if (udp && lc == 0) l4c = nullptr;  // no UDP checksum (IPv4): stays 0

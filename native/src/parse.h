@@ -56,8 +56,8 @@ constexpr uint16_t kEthRarp = 0x8035;
 namespace parse_detail {
 
 // The L4 fields of an IP packet whose L4 header starts at `l4`, `avail` bytes
-// of it inside the datagram.
-inline uint8_t parse_l4(Flow* key, const uint8_t* l4, int32_t avail) {
+// of it inside the datagram. (always_inline, as parse_ipv4: see PacketPool::take.)
+__attribute__((always_inline)) inline uint8_t parse_l4(Flow* key, const uint8_t* l4, int32_t avail) {
   switch (key->nw_proto) {
     case kIpTcp: {
       if (avail < 20) return kParseTruncated;
@@ -87,7 +87,8 @@ inline uint8_t parse_l4(Flow* key, const uint8_t* l4, int32_t avail) {
   }
 }
 
-inline uint8_t parse_ipv4(Flow* key, Packet* p, const uint8_t* d, uint32_t off, uint32_t n) {
+__attribute__((always_inline)) inline uint8_t parse_ipv4(Flow* key, Packet* p, const uint8_t* d, uint32_t off,
+                                                         uint32_t n) {
   if (n < off + 20) return kParseTruncated;
   const uint8_t* ip = d + off;
   const uint32_t ihl = (ip[0] & 15u) * 4;

@@ -173,7 +173,9 @@ class PacketPool {
   uint32_t n_;
   std::vector<Packet*> free_, free_big_;
 
-  static Packet* take(std::vector<Packet*>& list) {
+  // always_inline here and on the parse and execute helpers: the link-time
+  // optimiser (setup.py) otherwise leaves them out of line on the fast path.
+  __attribute__((always_inline)) static Packet* take(std::vector<Packet*>& list) {
     if (list.empty()) return nullptr;
     Packet* p = list.back();
     list.pop_back();
