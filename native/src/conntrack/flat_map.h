@@ -91,8 +91,12 @@ class FlatMap {
     const size_t cap = __atomic_load_n(&cap_, __ATOMIC_RELAXED);
     if (!sl) return;
     const size_t i = Hash()(k) & (cap - 1);
-    __builtin_prefetch(&sl[i], erasing);
-    if (erasing) __builtin_prefetch(&sl[(i + 1) & (cap - 1)], 1);
+    if (erasing) {  // (the builtin's read/write argument must be a constant, at -O0 too)
+      __builtin_prefetch(&sl[i], 1);
+      __builtin_prefetch(&sl[(i + 1) & (cap - 1)], 1);
+    } else {
+      __builtin_prefetch(&sl[i], 0);
+    }
   }
 
   template <class F>
