@@ -232,31 +232,33 @@ inline void apply_delta(uint8_t* c, uint32_t delta, bool udp) {
 void ct_nat_packet(const Conn& c, int dir, CtPacket* cp) {
   if (cp->key.v6) return;  // no NAT66
   const CtKey& from = c.key[dir];
-  const CtKey to = ct_key_reverse(c.key[1 - dir]);
   const uint8_t proto = from.proto;
   const bool icmp = proto == kIpIcmp;
   if (!cp->icmp_error) {
     // The changed words' RFC 1624 terms (~m + m') summed once, then each
     // checksum updated once: the IP header's by the addresses, the L4
     // one's by the addresses (pseudo-header) and the ports; ICMP's by the
-    // identifier alone.
+    // identifier alone. The target tuple is the other key reversed, read
+    // in place (ct_key_reverse keeps an echo identifier in sport).
+    const CtKey& o = c.key[1 - dir];
     uint8_t* ip = cp->l3;
     uint32_t d_addr = 0, d_l4 = 0;
-    replace_words(ip + 12, to.src[0], &d_addr);
-    replace_words(ip + 16, to.dst[0], &d_addr);
+    replace_words(ip + 12, o.dst[0], &d_addr);
+    replace_words(ip + 16, o.src[0], &d_addr);
     if (icmp) {
-      replace_word(cp->l4 + 4, to.sport, &d_l4);  // echo identifier
+      replace_word(cp->l4 + 4, o.sport, &d_l4);  // echo identifier
       apply_delta(cp->l4 + 2, d_l4, false);
     } else {
       d_l4 = d_addr;
-      replace_word(cp->l4, to.sport, &d_l4);
-      replace_word(cp->l4 + 2, to.dport, &d_l4);
+      replace_word(cp->l4, o.dport, &d_l4);
+      replace_word(cp->l4 + 2, o.sport, &d_l4);
       bool udp = false;
       if (uint8_t* l4c = l4_csum(proto, cp->l4, cp->l4_len, &udp)) apply_delta(l4c, d_l4, udp);
     }
     apply_delta(ip + 10, d_addr, false);
     return;
   }
+  const CtKey to = ct_key_reverse(c.key[1 - dir]);
   Patcher pt;
   // An ICMP error of direction `dir`: the outer header like any packet of
   // that direction (its source only when it is the translated endpoint
