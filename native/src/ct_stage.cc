@@ -275,11 +275,9 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     store_result(job.p, *job.spec, r);
     if (job.spec->recirc_id) {
       job.p->md.recirc_id = job.spec->recirc_id;
-      if (known && r.conn == known->conn && r.state == CtResume::state_of(known_tag) && r.mark == known->mark) {
-        // The same result as the cached one (the direction is in the state);
-        // the label array is read only if the cached result had one.
+      if (known) {
         const CtResumeCold& cold = (*ct_resume_)[job.slot - 1];
-        if (CtResume::labelled(known_tag) ? r.label == cold.label : r.label == 0) {
+        if (known->same(r, known_tag, cold.label)) {
           ct_resume(job.p, *known, cold, next);
           continue;
         }

@@ -194,10 +194,17 @@ struct CtResume {
   uint32_t mark;
   CtXlat other;  // the connection's other key (the translation)
   // The side tag: set, the state, and whether the result had a label.
-  static uint16_t tag(uint8_t state, bool labelled) { return static_cast<uint16_t>(0x8000u | (labelled ? 0x100u : 0u) | state); }
-  static uint8_t state_of(uint16_t tag) { return static_cast<uint8_t>(tag); }
+  static uint16_t tag(uint8_t state, bool labelled) {
+    return static_cast<uint16_t>(0x8000u | (labelled ? 0x100u : 0u) | state);
+  }
   static uint8_t dir_of(uint16_t tag) { return (tag & kCsReplyDir) ? 1 : 0; }
-  static bool labelled(uint16_t tag) { return (tag & 0x100u) != 0; }
+  // Whether conntrack gave the packet the cached result (the direction is in
+  // the state); `label` (of the cold part) is read only if the cached result
+  // had one.
+  bool same(const CtResult& r, uint16_t tag, const u128& label) const {
+    return r.conn == conn && r.state == static_cast<uint8_t>(tag) && r.mark == mark &&
+           ((tag & 0x100u) ? r.label == label : r.label == 0);
+  }
 };
 static_assert(sizeof(CtResume) == Emc::kSideBytes, "kept in an EMC entry");
 struct CtResumeCold {

@@ -428,9 +428,10 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
 // Only for an untracked packet (no earlier ct translated it). The
 // connection was live when this worker entered its read section, or it was
 // published since (alloc() keeps a connection dead until insert()), so its
-// keys are stable and its memory not reused before CtWorker::end(); keys
-// equal to the packet's tuple and to `other` make it the connection lookup()
-// would find, or one with the same keys and translation.
+// keys are stable and its memory not reused before CtWorker::end(); a key
+// equal to the packet's tuple, and an other key whose translation is
+// `other` (CtXlat), make it the connection lookup() would find, or one with
+// the same keys and translation.
 bool Conntrack::execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtXlat& other,
                               int64_t now, CtResult* r) {
   if (c->dead.load(std::memory_order_acquire) || c->expires.load(std::memory_order_relaxed) <= now) return false;
