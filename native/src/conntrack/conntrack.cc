@@ -425,6 +425,63 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
   decide(w, p, spec, pr.cp, pr.natted, pr.prev_nat, c, dir, now, dry_run, r);
 }
 
+// The end of a decision on a packet of live connection c (state set): the
+// commit's mark and label, the connection's NAT (or the one an earlier ct
+// applied), and the result.
+__attribute__((always_inline)) inline void Conntrack::finish(const CtSpec& spec, CtPacket& cp, bool natted,
+                                                              uint8_t prev_nat, Conn* c, int dir, bool dry_run,
+                                                              CtResult* r) const {
+  if (spec.commit && !dry_run) exec(c, spec);
+  if (natted) {
+    r->state |= prev_nat;
+  } else if (spec.nat && c->nat && !cp.key.v6) {
+    ct_nat_packet(*c, dir, &cp);
+    r->nat_applied = c->nat;
+    r->state |= nat_flags(c->nat, dir);
+    if (dry_run) r->after = ct_key_reverse(c->key[1 - dir]);
+  }
+  fill_result(c, dir, r);
+}
+
+// A packet of live connection c that is not an ICMP error (nor a forced
+// commit of its reply): its protocol's state, then the result and NAT.
+// False when the packet ends the connection and opens another (removed
+// here; decide_new() takes it). Inline, so that execute_known(), which
+// knows most arguments, gets a copy without their tests.
+__attribute__((always_inline)) inline bool Conntrack::decide_existing(CtWorker& w, const CtSpec& spec, CtPacket& cp,
+                                                                       bool natted, uint8_t prev_nat, Conn* c,
+                                                                       int dir, int64_t now, bool dry_run,
+                                                                       CtResult* r) {
+  const CtProto& pr = ct_proto(c->key[0].proto);
+  CtUpdate u;
+  if (dry_run) {  // on a copy: a trace changes nothing
+    Conn tmp;
+    tmp.tcp = c->tcp;
+    tmp.state.store(c->state.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    u = pr.update(&tmp, cp, dir == 1);
+  } else if (c->key[0].proto == kIpTcp) {
+    c->spin_lock();
+    u = pr.update(c, cp, dir == 1);
+    c->spin_unlock();
+    if (u == CtUpdate::VALID || u == CtUpdate::VALID_NEW) refresh(c, now);
+  } else {
+    u = pr.update(c, cp, dir == 1);
+    if (u != CtUpdate::INVALID) refresh(c, now);
+  }
+  if (u == CtUpdate::NEW) {  // the old connection is over; this packet opens another
+    if (!dry_run && remove(c)) w.removed++;
+    return false;
+  }
+  if (u == CtUpdate::INVALID) {
+    r->state = kCsTracked | kCsInvalid;
+    return true;
+  }
+  r->state = static_cast<uint8_t>(kCsTracked | (u == CtUpdate::VALID_NEW ? kCsNew : kCsEstablished) |
+                                 (dir ? kCsReplyDir : 0u));
+  finish(spec, cp, natted, prev_nat, c, dir, dry_run, r);
+  return true;
+}
+
 // Only for an untracked packet (no earlier ct translated it). The
 // connection was live when this worker entered its read section, or it was
 // published since (alloc() keeps a connection dead until insert()), so its
@@ -435,11 +492,22 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
 bool Conntrack::execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtXlat& other,
                               int64_t now, CtResult* r) {
   if (c->dead.load(std::memory_order_acquire) || c->expires.load(std::memory_order_relaxed) <= now) return false;
+  const CtKey& k = c->key[dir];
+  if (!ct_xlat_eq(c->key[1 - dir], other) || k.zone != spec.zone) return false;
+  // TCP or UDP over IPv4 has its tuple compared in place; cp.key is then
+  // filled only for the rare decisions that read it (c's memory is not
+  // reused before CtWorker::end()).
   CtPacket cp;
-  if (!ct_extract(p, spec.zone, &cp) || cp.icmp_error) return false;
-  if (!ct_key_eq(c->key[dir], cp.key) || !ct_xlat_eq(c->key[1 - dir], other)) return false;
+  const bool in_place = ct_extract_expected(p, k, &cp);
+  if (!in_place && (!ct_extract(p, spec.zone, &cp) || cp.icmp_error || !ct_key_eq(k, cp.key))) return false;
   r->reset();
-  decide(w, p, spec, cp, false, 0, c, dir, now, false, r);
+  if (spec.commit && spec.force && dir == 1) {
+    if (in_place) cp.key = k;
+    decide(w, p, spec, cp, false, 0, c, dir, now, false, r);
+  } else if (!decide_existing(w, spec, cp, false, 0, c, dir, now, false, r)) {
+    if (in_place) cp.key = k;
+    decide_new(w, p, spec, cp, now, false, r);
+  }
   return true;
 }
 
@@ -469,16 +537,7 @@ void Conntrack::decide(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp,
       return;
     }
     r->state = static_cast<uint8_t>(kCsTracked | kCsRelated | (dir ? kCsReplyDir : 0u));
-    if (spec.commit && !dry_run) exec(c, spec);
-    if (natted) {
-      r->state |= prev_nat;
-    } else if (spec.nat && c->nat && !cp.key.v6) {
-      ct_nat_packet(*c, dir, &cp);
-      r->nat_applied = c->nat;
-      r->state |= nat_flags(c->nat, dir);
-      if (dry_run) r->after = ct_key_reverse(c->key[1 - dir]);
-    }
-    fill_result(c, dir, r);
+    finish(spec, cp, natted, prev_nat, c, dir, dry_run, r);
     return;
   }
 
@@ -486,46 +545,13 @@ void Conntrack::decide(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp,
     if (!dry_run && remove(c)) w.removed++;
     c = nullptr;
   }
-  if (c) {
-    const CtProto& pr = ct_proto(c->key[0].proto);
-    CtUpdate u;
-    if (dry_run) {  // on a copy: a trace changes nothing
-      Conn tmp;
-      tmp.tcp = c->tcp;
-      tmp.state.store(c->state.load(std::memory_order_relaxed), std::memory_order_relaxed);
-      u = pr.update(&tmp, cp, dir == 1);
-    } else if (c->key[0].proto == kIpTcp) {
-      c->spin_lock();
-      u = pr.update(c, cp, dir == 1);
-      c->spin_unlock();
-      if (u == CtUpdate::VALID || u == CtUpdate::VALID_NEW) refresh(c, now);
-    } else {
-      u = pr.update(c, cp, dir == 1);
-      if (u != CtUpdate::INVALID) refresh(c, now);
-    }
-    if (u == CtUpdate::NEW) {  // the old connection is over; this packet opens another
-      if (!dry_run && remove(c)) w.removed++;
-      c = nullptr;
-    } else if (u == CtUpdate::INVALID) {
-      r->state = kCsTracked | kCsInvalid;
-      return;
-    } else {
-      r->state = static_cast<uint8_t>(kCsTracked | (u == CtUpdate::VALID_NEW ? kCsNew : kCsEstablished) |
-                                     (dir ? kCsReplyDir : 0u));
-      if (spec.commit && !dry_run) exec(c, spec);
-      if (natted) {
-        r->state |= prev_nat;
-      } else if (spec.nat && c->nat && !cp.key.v6) {
-        ct_nat_packet(*c, dir, &cp);
-        r->nat_applied = c->nat;
-        r->state |= nat_flags(c->nat, dir);
-        if (dry_run) r->after = ct_key_reverse(c->key[1 - dir]);
-      }
-      fill_result(c, dir, r);
-      return;
-    }
-  }
+  if (c && decide_existing(w, spec, cp, natted, prev_nat, c, dir, now, dry_run, r)) return;
+  decide_new(w, p, spec, cp, now, dry_run, r);
+}
 
+// A packet that would start a connection (none found, or the one found is over).
+void Conntrack::decide_new(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp, int64_t now, bool dry_run,
+                           CtResult* r) {
   // No connection: this packet would start one.
   if (!ct_proto(cp.key.proto).valid_new(cp)) {
     r->state = kCsTracked | kCsInvalid;
@@ -586,7 +612,7 @@ void Conntrack::decide(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp,
     r->drop = drop;
     return;
   }
-  c = w.alloc();
+  Conn* c = w.alloc();
   const bool reachable = zones_[spec.zone].eif.load(std::memory_order_relaxed);
   bool built = build_conn(c, cp, range, dnat, dnat_addr, dnat_port, nat_, reachable, false, &drop);
   if (!built && drop == DROP_NAT_NO_PORT) {  // ports of expired connections may be waiting to be freed
