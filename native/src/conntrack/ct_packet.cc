@@ -229,29 +229,32 @@ uint8_t* l4_csum(uint8_t proto, uint8_t* l4, uint32_t len, bool* udp) {
   return nullptr;
 }
 
-// One 16-bit word of the packet takes a new value; its RFC 1624 term
-// (~m + m') joins *delta.
-inline void replace_word(uint8_t* w, uint16_t nw, uint32_t* delta) {
+// A 16-bit word of the packet takes a new value; its RFC 1624 term
+// (~m + m') joins *sum.
+inline void replace_word(uint8_t* w, uint16_t nw, uint64_t* sum) {
   const uint16_t ow = load16(w);
   if (ow == nw) return;
   store16(w, nw);
-  *delta += csum_term(ow, nw);
+  *sum += static_cast<uint16_t>(~ow) + static_cast<uint64_t>(nw);
 }
 
-inline void replace_words(uint8_t* at, uint32_t nv, uint32_t* delta) {  // an IPv4 address
-  uint16_t w[2];
-  std::memcpy(w, &nv, 4);
-  replace_word(at, w[0], delta);
-  replace_word(at + 2, w[1], delta);
+// The same for a 32-bit field (an IPv4 address, or both ports): its two
+// words' terms at once. A word of a changed field that keeps its value
+// adds ~m + m, a ones'-complement zero.
+inline void replace_field(uint8_t* f, uint32_t nv, uint64_t* sum) {
+  const uint32_t ov = load32(f);
+  if (ov == nv) return;
+  store32(f, nv);
+  *sum += static_cast<uint32_t>(~ov) + static_cast<uint64_t>(nv);
 }
 
 // HC' = ~(~HC + the summed terms), the checksum at `c`; a zero UDP checksum
 // (none) stays zero and a computed zero is sent as 0xffff.
-inline void apply_delta(uint8_t* c, uint32_t delta, bool udp) {
-  if (!delta) return;
+inline void apply_sum(uint8_t* c, uint64_t sum, bool udp) {
+  if (!sum) return;
   const uint16_t hc = load16(c);
   if (udp && hc == 0) return;
-  const uint16_t n = csum_apply_terms(hc, delta);
+  const uint16_t n = static_cast<uint16_t>(~csum_fold(static_cast<uint16_t>(~hc) + sum));
   store16(c, udp && n == 0 ? 0xffff : n);
 }
 
@@ -263,27 +266,32 @@ void ct_nat_packet(const Conn& c, int dir, CtPacket* cp) {
   const uint8_t proto = from.proto;
   const bool icmp = proto == kIpIcmp;
   if (!cp->icmp_error) {
-    // The changed words' RFC 1624 terms (~m + m') summed once, then each
-    // checksum updated once: the IP header's by the addresses, the L4
-    // one's by the addresses (pseudo-header) and the ports; ICMP's by the
-    // identifier alone. The target tuple is the other key reversed, read
-    // in place (ct_key_reverse keeps an echo identifier in sport).
+    // The target tuple is the other key reversed, read in place
+    // (ct_key_reverse keeps an echo identifier in sport). The changed
+    // fields' RFC 1624 terms (~m + m') are summed 32 bits at a time (a
+    // ones'-complement sum does not depend on how its words are grouped),
+    // then each checksum is updated once: the IP header's by the addresses,
+    // the L4 one's by the addresses (pseudo-header) and the ports; ICMP's by
+    // the identifier alone.
     const CtKey& o = c.key[1 - dir];
     uint8_t* ip = cp->l3;
-    uint32_t d_addr = 0, d_l4 = 0;
-    replace_words(ip + 12, o.dst[0], &d_addr);
-    replace_words(ip + 16, o.src[0], &d_addr);
+    uint64_t d_addr = 0;
+    replace_field(ip + 12, o.dst[0], &d_addr);
+    replace_field(ip + 16, o.src[0], &d_addr);
     if (icmp) {
-      replace_word(cp->l4 + 4, o.sport, &d_l4);  // echo identifier
-      apply_delta(cp->l4 + 2, d_l4, false);
+      uint64_t d_id = 0;
+      replace_word(cp->l4 + 4, o.sport, &d_id);  // echo identifier
+      apply_sum(cp->l4 + 2, d_id, false);
     } else {
-      d_l4 = d_addr;
-      replace_word(cp->l4, o.dport, &d_l4);
-      replace_word(cp->l4 + 2, o.sport, &d_l4);
+      uint64_t d_l4 = d_addr;
+      const uint16_t ports[2] = {o.dport, o.sport};
+      uint32_t new_ports;
+      std::memcpy(&new_ports, ports, 4);
+      replace_field(cp->l4, new_ports, &d_l4);
       bool udp = false;
-      if (uint8_t* l4c = l4_csum(proto, cp->l4, cp->l4_len, &udp)) apply_delta(l4c, d_l4, udp);
+      if (uint8_t* l4c = l4_csum(proto, cp->l4, cp->l4_len, &udp)) apply_sum(l4c, d_l4, udp);
     }
-    apply_delta(ip + 10, d_addr, false);
+    apply_sum(ip + 10, d_addr, false);
     return;
   }
   const CtKey to = ct_key_reverse(c.key[1 - dir]);
