@@ -492,22 +492,12 @@ __attribute__((always_inline)) inline bool Conntrack::decide_existing(CtWorker& 
 bool Conntrack::execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtXlat& other,
                               int64_t now, CtResult* r) {
   if (c->dead.load(std::memory_order_acquire) || c->expires.load(std::memory_order_relaxed) <= now) return false;
-  const CtKey& k = c->key[dir];
-  if (!ct_xlat_eq(c->key[1 - dir], other) || k.zone != spec.zone) return false;
-  // TCP or UDP over IPv4 has its tuple compared in place; cp.key is then
-  // filled only for the rare decisions that read it (c's memory is not
-  // reused before CtWorker::end()).
   CtPacket cp;
-  const bool in_place = ct_extract_expected(p, k, &cp);
-  if (!in_place && (!ct_extract(p, spec.zone, &cp) || cp.icmp_error || !ct_key_eq(k, cp.key))) return false;
+  if (!ct_extract(p, spec.zone, &cp) || cp.icmp_error) return false;
+  if (!ct_key_eq(c->key[dir], cp.key) || !ct_xlat_eq(c->key[1 - dir], other)) return false;
   r->reset();
-  if (spec.commit && spec.force && dir == 1) {
-    if (in_place) cp.key = k;
-    decide(w, p, spec, cp, false, 0, c, dir, now, false, r);
-  } else if (!decide_existing(w, spec, cp, false, 0, c, dir, now, false, r)) {
-    if (in_place) cp.key = k;
-    decide_new(w, p, spec, cp, now, false, r);
-  }
+  if (spec.commit && spec.force && dir == 1) decide(w, p, spec, cp, false, 0, c, dir, now, false, r);
+  else if (!decide_existing(w, spec, cp, false, 0, c, dir, now, false, r)) decide_new(w, p, spec, cp, now, false, r);
   return true;
 }
 

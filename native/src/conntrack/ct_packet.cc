@@ -112,11 +112,39 @@ void parse_tcp(CtPacket* cp) {
   }
 }
 
+// ct_extract() of the common packet, IPv4 without options carrying TCP or
+// UDP: the same checks and fields as the general path, in a straight line.
+// False when the packet is not one (the general path then decides).
+inline bool extract_simple(uint8_t* ip, uint32_t avail, uint16_t zone, CtPacket* cp) {
+  if (avail < 20 || ip[0] != 0x45) return false;
+  const uint8_t proto = ip[9];
+  const uint32_t tot = be16(load16(ip + 2));
+  if ((proto != kIpTcp && proto != kIpUdp) || tot < 20 || tot > avail || (be16(load16(ip + 6)) & 0x3fff))
+    return false;
+  uint8_t* l4 = ip + 20;
+  const uint32_t l4_len = tot - 20;
+  if (proto == kIpTcp ? l4_len < 20 || (l4[12] >> 4) < 5 || (l4[12] >> 4) * 4u > l4_len : l4_len < 8) return false;
+  CtKey& k = cp->key;
+  std::memset(&k, 0, sizeof k);
+  k.src[0] = load32(ip + 12);
+  k.dst[0] = load32(ip + 16);
+  std::memcpy(&k.sport, l4, 4);
+  k.zone = zone;
+  k.proto = proto;
+  cp->icmp_error = false;
+  cp->l3 = ip;
+  cp->l4 = l4;
+  cp->l4_len = l4_len;
+  if (proto == kIpTcp) parse_tcp(cp);
+  return true;
+}
+
 }  // namespace
 
 bool ct_extract(Packet* p, uint16_t zone, CtPacket* cp) {
   if (p->l3_ofs == kNoOffset) return false;
   uint8_t* ip = p->data() + p->l3_ofs;
+  if (extract_simple(ip, p->len - p->l3_ofs, zone, cp)) return true;
   CtKey& k = cp->key;
   std::memset(&k, 0, sizeof k);
   k.zone = zone;
@@ -147,34 +175,6 @@ bool ct_extract(Packet* p, uint16_t zone, CtPacket* cp) {
     return true;
   }
   return parse_ports(cp->l4, cp->l4_len, &k, false);
-}
-
-bool ct_extract_expected(Packet* p, const CtKey& k, CtPacket* cp) {
-  if (p->l3_ofs == kNoOffset || k.v6 || (k.proto != kIpTcp && k.proto != kIpUdp)) return false;
-  uint8_t* ip = p->data() + p->l3_ofs;
-  const uint32_t avail = p->len - p->l3_ofs;
-  // parse_ip()'s checks for IPv4, then the tuple: protocol, addresses and ports.
-  if (avail < 20 || (ip[0] >> 4) != 4) return false;
-  const uint32_t ihl = (ip[0] & 15u) * 4, tot = be16(load16(ip + 2));
-  if (ihl < 20 || ihl > avail || tot < ihl || tot > avail || (be16(load16(ip + 6)) & 0x3fff)) return false;
-  uint8_t* l4 = ip + ihl;
-  const uint32_t l4_len = tot - ihl;
-  if (l4_len < 8 || ip[9] != k.proto) return false;
-  uint32_t ports;
-  std::memcpy(&ports, &k.sport, 4);
-  if (((load32(ip + 12) ^ k.src[0]) | (load32(ip + 16) ^ k.dst[0]) | (load32(l4) ^ ports)) != 0) return false;
-  cp->key.v6 = 0;
-  cp->icmp_error = false;
-  cp->l3 = ip;
-  cp->l4 = l4;
-  cp->l4_len = l4_len;
-  if (k.proto == kIpTcp) {
-    if (l4_len < 20) return false;
-    const uint32_t doff = (l4[12] >> 4) * 4u;
-    if (doff < 20 || doff > l4_len) return false;
-    parse_tcp(cp);
-  }
-  return true;
 }
 
 namespace {

@@ -50,12 +50,6 @@ struct CtPacket {
 
 bool ct_extract(Packet* p, uint16_t zone, CtPacket* out);
 
-// For a packet that should have the IPv4 TCP or UDP tuple `k` (a cached
-// connection's key): ct_extract() compared with k in place, without
-// building the tuple (out->key is left unset but for v6). False when the
-// packet is anything else, or ct_extract() would refuse it.
-bool ct_extract_expected(Packet* p, const CtKey& k, CtPacket* out);
-
 // NAT for a packet of connection `c` travelling in direction `dir` (0 orig,
 // 1 reply); `cp` from ct_extract.
 void ct_nat_packet(const Conn& c, int dir, CtPacket* cp);
