@@ -406,25 +406,6 @@ void Conntrack::prepare(Packet* p, const CtSpec& spec, CtPrep* pr, bool hash) co
 
 void Conntrack::hash_prep(CtPrep* pr) { pr->hash = ct_key_hash(pr->key); }
 
-void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r) {
-  CtPrep pr;
-  prepare(p, spec, &pr);
-  execute(w, p, spec, pr, now, dry_run, r);
-}
-
-void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, int64_t now, bool dry_run,
-                        CtResult* r) {
-  r->reset();
-  if (!pr.ok) {
-    r->state = kCsTracked | kCsInvalid;
-    return;
-  }
-  int dir = 0;
-  Conn* c = lookup(pr.key, pr.hash, now, &dir);
-  if (pr.natted) dir = 1 - dir;
-  decide(w, p, spec, pr.cp, pr.natted, pr.prev_nat, c, dir, now, dry_run, r);
-}
-
 // The end of a decision on a packet of live connection c (state set): the
 // commit's mark and label, the connection's NAT (or the one an earlier ct
 // applied), and the result.
@@ -482,6 +463,36 @@ __attribute__((always_inline)) inline bool Conntrack::decide_existing(CtWorker& 
   return true;
 }
 
+// decide() for a packet of live connection c that no trace follows, no
+// earlier ct translated and that is not an ICMP error: its tests for those
+// folded away.
+__attribute__((always_inline)) inline void Conntrack::decide_plain(CtWorker& w, Packet* p, const CtSpec& spec,
+                                                                    CtPacket& cp, Conn* c, int dir, int64_t now,
+                                                                    CtResult* r) {
+  if (spec.commit && spec.force && dir == 1) decide(w, p, spec, cp, false, 0, c, dir, now, false, r);
+  else if (!decide_existing(w, spec, cp, false, 0, c, dir, now, false, r)) decide_new(w, p, spec, cp, now, false, r);
+}
+
+void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r) {
+  CtPrep pr;
+  prepare(p, spec, &pr);
+  execute(w, p, spec, pr, now, dry_run, r);
+}
+
+void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, int64_t now, bool dry_run,
+                        CtResult* r) {
+  r->reset();
+  if (!pr.ok) {
+    r->state = kCsTracked | kCsInvalid;
+    return;
+  }
+  int dir = 0;
+  Conn* c = lookup(pr.key, pr.hash, now, &dir);
+  if (pr.natted) dir = 1 - dir;
+  if (c && !dry_run && !pr.natted && !pr.cp.icmp_error) decide_plain(w, p, spec, pr.cp, c, dir, now, r);
+  else decide(w, p, spec, pr.cp, pr.natted, pr.prev_nat, c, dir, now, dry_run, r);
+}
+
 // Only for an untracked packet (no earlier ct translated it). The
 // connection was live when this worker entered its read section, or it was
 // published since (alloc() keeps a connection dead until insert()), so its
@@ -496,8 +507,7 @@ bool Conntrack::execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* 
   if (!ct_extract(p, spec.zone, &cp) || cp.icmp_error) return false;
   if (!ct_key_eq(c->key[dir], cp.key) || !ct_xlat_eq(c->key[1 - dir], other)) return false;
   r->reset();
-  if (spec.commit && spec.force && dir == 1) decide(w, p, spec, cp, false, 0, c, dir, now, false, r);
-  else if (!decide_existing(w, spec, cp, false, 0, c, dir, now, false, r)) decide_new(w, p, spec, cp, now, false, r);
+  decide_plain(w, p, spec, cp, c, dir, now, r);
   return true;
 }
 

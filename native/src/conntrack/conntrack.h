@@ -367,8 +367,9 @@ class Conntrack {
   void fill_result(Conn* c, int dir, CtResult* r) const;
   // The decision for a packet once its connection (or none) is known:
   // decide_existing() for a live connection's packet (inline, specialised
-  // in execute_known()), decide_new() for one that would open a
-  // connection, finish() for the NAT and result of either kind of match.
+  // by decide_plain() for execute() and execute_known()), decide_new() for
+  // one that would open a connection, finish() for the NAT and result of
+  // either kind of match.
   void decide(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp, bool natted, uint8_t prev_nat, Conn* c,
               int dir, int64_t now, bool dry_run, CtResult* r);
   bool decide_existing(CtWorker& w, const CtSpec& spec, CtPacket& cp, bool natted, uint8_t prev_nat, Conn* c, int dir,
@@ -376,6 +377,8 @@ class Conntrack {
   void decide_new(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp, int64_t now, bool dry_run, CtResult* r);
   void finish(const CtSpec& spec, CtPacket& cp, bool natted, uint8_t prev_nat, Conn* c, int dir, bool dry_run,
               CtResult* r) const;
+  void decide_plain(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp, Conn* c, int dir, int64_t now,
+                    CtResult* r);
   void sweep_others(const CtWorker* self, int64_t now, size_t budget);
   Conn* alloc_chunk(std::vector<Conn*>* free_list);
 
