@@ -427,7 +427,7 @@ __attribute__((always_inline)) inline void Conntrack::finish(const CtSpec& spec,
 // A packet of live connection c that is not an ICMP error (nor a forced
 // commit of its reply): its protocol's state, then the result and NAT.
 // False when the packet ends the connection and opens another (removed
-// here; decide_new() takes it). Inline, so that execute_known(), which
+// here; decide_new() takes it). Inline, so that decide_plain(), which
 // knows most arguments, gets a copy without their tests.
 __attribute__((always_inline)) inline bool Conntrack::decide_existing(CtWorker& w, const CtSpec& spec, CtPacket& cp,
                                                                        bool natted, uint8_t prev_nat, Conn* c,
