@@ -2,7 +2,7 @@
 """Live forwarding, dpu against the I/O ceiling and Open vSwitch, in one run.
 
     sudo python3 bench/live_bench.py [--scenarios live-l3,live-vxlan,live-snat] [--io afpacket,afxdp]
-                                     [--flows 1000,100000] [--repeat 3] [--json]
+                                     [--flows 1000,100000] [--repeat 3] [--burst N] [--json]
 
 Builds the namespaces (dpu.livebench), measures the raw ceiling (a sendmmsg
 blaster into a veth, a TPACKET_V3 receiver that only counts), dpu's forwarded
@@ -31,6 +31,7 @@ def main() -> int:
     ap.add_argument("--flows", default="1000,100000")
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--burst", type=int, default=None, help="dpu run --burst (default: dpu's)")
     ap.add_argument("--no-ovs", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -39,7 +40,7 @@ def main() -> int:
         for io in a.io.split(","):
             try:
                 rs = run_live(name, repeat=a.repeat, workers=tuple(int(w) for w in a.workers.split(",")), io=(io,),
-                              flows=tuple(int(f) for f in a.flows.split(",")), ovs=False)
+                              flows=tuple(int(f) for f in a.flows.split(",")), ovs=False, burst=a.burst)
             except Exception as e:  # noqa: BLE001 - one backend failing (no AF_XDP) must not hide the rest
                 rs = [{"scenario": name, "dut": "dpu", "io": io, "flows": 0, "error": str(e)}]
             for r in rs:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import gen, report
+from . import _core, gen, report
 from .dataplane import Dataplane
 
 PACKET_SIZE = 64
@@ -308,29 +308,24 @@ TARGETS_MPPS = {"l3-rewrite-1k": 25, "l3-rewrite-100k": 10, "l3-rewrite-1m": 5, 
                 "snat-new": 1.5}
 
 
-def _run_native(dp, pkts, ports, total: int) -> Tuple[int, float]:
-    data = pkts.data.tobytes()
-    return dp._core.bench(data, pkts.offsets, pkts.lengths, ports, total)
-
-
 Progress = Callable[[int, int, int], None]  # step, steps, packets measured so far
 
 
 def measure(dp, pkts, ports, packets: int, repeat: int, stages: bool = False,
-            progress: Optional[Progress] = None) -> dict:
-    """Warm-up, then `repeat` runs of `packets`; the median rate, cache behaviour
-    during the measured runs (report.cache_stats, as every report computes it),
-    and optionally per-stage ns/packet."""
+            progress: Optional[Progress] = None, burst: int = _core.DEFAULT_BURST) -> dict:
+    """Warm-up, then `repeat` runs of `packets`, `burst` frames a batch; the
+    median rate, cache behaviour during the measured runs (report.cache_stats,
+    as every report computes it), and optionally per-stage ns/packet."""
     data = pkts.data.tobytes()
     warm = max(2 * len(pkts), 200_000)
     steps = 1 + repeat + int(stages)
-    dp._core.bench(data, pkts.offsets, pkts.lengths, ports, warm)
+    dp._core.bench(data, pkts.offsets, pkts.lengths, ports, warm, burst)
     if progress:
         progress(1, steps, 0)
     before = report.workers_total(dp.stats())
     rates = []
     for i in range(repeat):
-        n, secs = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets)
+        n, secs = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets, burst)
         rates.append(n / secs)
         if progress:
             progress(2 + i, steps, (i + 1) * packets)
@@ -349,7 +344,7 @@ def measure(dp, pkts, ports, packets: int, repeat: int, stages: bool = False,
     if stages:
         dp._core.set_profile(True)
         c0 = dict(report.workers_total(dp.stats())["cycles"])
-        n, secs = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets)
+        n, secs = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets, burst)
         c1 = report.workers_total(dp.stats())["cycles"]
         dp._core.set_profile(False)
         hz = _tsc_hz()
@@ -379,19 +374,20 @@ def _upcall_rate(dp, pkts, ports) -> float:
 
 
 def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool = False,
-        progress: Optional[Progress] = None) -> dict:
-    """One scenario; ``progress(step, steps, packets)`` after building it, the
-    warm-up and each measured run (replay-10m: after generating and each replay)."""
+        progress: Optional[Progress] = None, burst: int = _core.DEFAULT_BURST) -> dict:
+    """One scenario, `burst` frames a batch; ``progress(step, steps, packets)``
+    after building it, the warm-up and each measured run (replay-10m: after
+    generating and each replay, which reads MAX_BURST frames a batch)."""
     if name == "replay-10m":
         return _replay_10m(packets or 10_000_000, min(repeat, 3), progress)
     t0 = time.perf_counter()
     dp, pkts, ports, info = BUILDERS[name]()
     setup_s = time.perf_counter() - t0
     n = packets or 10_000_000
-    res = {"scenario": name, "packet_size": PACKET_SIZE, "packets": n, "repeat": repeat,
+    res = {"scenario": name, "packet_size": PACKET_SIZE, "packets": n, "repeat": repeat, "burst": burst,
            "setup_seconds": round(setup_s, 3), **info}
     ct0 = dp.stats()["conntrack"]
-    res.update(measure(dp, pkts, ports, n, repeat, stages, progress))
+    res.update(measure(dp, pkts, ports, n, repeat, stages, progress, burst))
     if name.startswith("snat"):
         ct1 = dp.stats()["conntrack"]
         res["connections"] = ct1["connections"]

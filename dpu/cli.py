@@ -425,12 +425,14 @@ def cmd_bench(args) -> int:
             from .livebench import render, run_live
 
             flows = _int_list(args.flows, "--flows") if args.flows else (1000, 100_000)
-            for res in run_live(name, repeat=min(args.repeat, 3), workers=workers, io=ios, flows=flows):
+            for res in run_live(name, repeat=min(args.repeat, 3), workers=workers, io=ios, flows=flows,
+                                burst=args.burst):
                 print(json.dumps(res, sort_keys=True) if args.json else render(res), flush=True)
             continue
         progress = _Progress(True, name, show_rate=False)
         try:
-            res = bench.run(name, packets=args.packets, repeat=args.repeat, stages=args.stages, progress=progress)
+            res = bench.run(name, packets=args.packets, repeat=args.repeat, stages=args.stages, progress=progress,
+                            burst=args.burst)
         finally:
             progress.close()
         if args.json:
@@ -663,6 +665,8 @@ def _version() -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import _core
+
     p = _Parser(prog="dpu", description="A userspace packet dataplane.")
     p.add_argument("--version", action="version", version=f"dpu {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -769,8 +773,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-ctl", action="store_true", help="no control socket")
     sp.add_argument("--metrics", metavar="[HOST:]PORT", default=None,
                     help="serve Prometheus metrics here (off by default; host defaults to 127.0.0.1)")
-    sp.add_argument("--burst", type=_int_arg(1, 256), default=32,
-                    help="frames a worker takes from a queue at a time (1-256)")
+    sp.add_argument("--burst", type=_int_arg(1, _core.MAX_BURST), default=_core.DEFAULT_BURST,
+                    help=f"frames a worker takes from a queue at a time (1-{_core.MAX_BURST}, "
+                         f"default {_core.DEFAULT_BURST})")
     sp.add_argument("--drops-pcap", metavar="FILE", default=None,
                     help="write every dropped packet to FILE while running (pcapng, as dpu replay --drops-pcap: "
                          "each packet's comment names its drop reason and port)")
@@ -839,6 +844,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--workers", default="1,2", help="live-*: worker counts to measure (default 1,2)")
     sp.add_argument("--io", default="afpacket", help="live-*: I/O backends, comma-separated (afpacket, afxdp)")
     sp.add_argument("--flows", default=None, help="live-*: flow counts, comma-separated (default 1000,100000)")
+    sp.add_argument("--burst", type=_int_arg(1, _core.MAX_BURST), default=_core.DEFAULT_BURST,
+                    help=f"frames a worker takes from a queue at a time, as dpu run --burst (1-{_core.MAX_BURST}, "
+                         f"default {_core.DEFAULT_BURST}; Open vSwitch takes 32)")
     sp.set_defaults(func=cmd_bench)
     return p
 

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from . import _core
 from .dataplane import Dataplane, read_flows_file
 from .errors import DpuError, LiveError
 
@@ -45,7 +46,7 @@ class LiveOptions:
     io: str = "afpacket"
     ctl: Optional[str] = DEFAULT_CTL             # None: no control socket
     metrics: Optional[str] = None                # "host:port"
-    burst: int = 32
+    burst: int = _core.DEFAULT_BURST
     arp_refresh_s: float = 30.0
     drops_pcap: Optional[str] = None             # every dropped packet to this pcapng file
 

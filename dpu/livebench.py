@@ -33,8 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List
+from typing import List, Optional
 
+from . import _core
 from .errors import DpuError
 
 GEN_MAC, IN_MAC, OUT_MAC, SINK_MAC = "02:00:00:00:e0:01", "02:00:00:00:e0:02", "02:00:00:00:e0:03", "02:00:00:00:e0:04"
@@ -250,9 +251,12 @@ def traffic(scenario: str, flows: int, path: str) -> str:
 class DpuRun:
     """``dpu run`` in the dut namespace."""
 
-    def __init__(self, rig: Rig, scenario: str, workers: int = 1, io: str = "afpacket") -> None:
+    def __init__(self, rig: Rig, scenario: str, workers: int = 1, io: str = "afpacket",
+                 burst: Optional[int] = None) -> None:
         self.ctl = os.path.join(rig.tmp, f"dpu-{len(os.listdir(rig.tmp))}.ctl")
         args = ["--port", "in0=in0", "--port", "out0=out0", "--ctl", self.ctl, "--workers", str(workers), "--io", io]
+        if burst is not None:
+            args += ["--burst", str(burst)]
         if scenario == "vxlan":
             path = os.path.join(rig.tmp, "topo.yaml")
             with open(path, "w") as f:
@@ -402,9 +406,11 @@ def measure(rig: Rig, dut_factory, pcap: str, repeat: int) -> dict:
     return res
 
 
-def run_live(name: str, repeat: int = 3, workers=(1, 2), io=("afpacket",), flows=FLOW_COUNTS, ovs: bool = False):
+def run_live(name: str, repeat: int = 3, workers=(1, 2), io=("afpacket",), flows=FLOW_COUNTS, ovs: bool = False,
+             burst: Optional[int] = None):
     """One result per (flows, io, workers) for dpu (and per (flows, port type) for OVS):
-    dicts with the JSON fields of ``dpu bench``."""
+    dicts with the JSON fields of ``dpu bench``. dpu takes `burst` frames a batch
+    (``dpu run --burst``; None: its default)."""
     scenario = LIVE_SCENARIOS[name]
     out = []
     with Rig(queues=max(workers)) as rig:
@@ -414,8 +420,9 @@ def run_live(name: str, repeat: int = 3, workers=(1, 2), io=("afpacket",), flows
             for kind in io:
                 for w in workers:
                     rig.set_queues(w)
-                    r = measure(rig, lambda: DpuRun(rig, scenario, w, kind), pcap, repeat)
+                    r = measure(rig, lambda: DpuRun(rig, scenario, w, kind, burst), pcap, repeat)
                     out.append({"scenario": name, "dut": "dpu", "io": kind, "workers": w, "flows": n_flows,
+                                "burst": burst or _core.DEFAULT_BURST,
                                 "packet_size": 64, "repeat": repeat, "raw_ceiling_mpps": ceiling["mpps"],
                                 "ceiling_ratio": round(r["mpps"] / ceiling["mpps"], 3) if ceiling["mpps"] else None,
                                 **r})

@@ -136,6 +136,23 @@ def test_bench_json_lines(capsys):
     assert d["packet_size"] == 64 and d["mpps"] > 0 and abs(d["ns_per_packet"] * d["mpps"] - 1000) < 1
 
 
+def test_bench_burst_is_the_batch_size(capsys):
+    """--burst reaches the worker: a run of N packets is N/burst batches, and the JSON says which."""
+    from dpu import _core, bench
+
+    assert main(["bench", "l3-rewrite-1k", "--packets", "64000", "--repeat", "1", "--json", "--burst", "32"]) == 0
+    assert json.loads(capsys.readouterr().out)["burst"] == 32
+    dp, pkts, ports, _ = bench.BUILDERS["l3-rewrite-1k"]()
+    data = pkts.data.tobytes()
+    for burst, batches in ((32, 400), (None, 12800 // _core.DEFAULT_BURST), (256, 50)):
+        before = dp.stats()["pmd"]["batches"]
+        args = (data, pkts.offsets, pkts.lengths, ports, 12800) + (() if burst is None else (burst,))
+        assert dp._core.bench(*args)[0] == 12800
+        assert dp.stats()["pmd"]["batches"] - before == batches, burst
+    with pytest.raises(ValueError, match="burst: 1..256, got 0"):
+        dp._core.bench(data, pkts.offsets, pkts.lengths, ports, 100, 0)
+
+
 def test_bench_unknown_scenario(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "no-such-scenario"])

@@ -156,6 +156,8 @@ def test_nul_in_a_path(capsys, work):
     (["demo", "--packets", "-5"], "--packets: must be positive, got -5"),
     (["bench", "--repeat", "0", "l3-rewrite-1k"], "--repeat: must be positive, got 0"),
     (["bench", "--packets", "0"], "--packets: must be positive, got 0"),
+    (["bench", "--burst", "0", "l3-rewrite-1k"], "--burst: must be 1..256, got 0"),
+    (["bench", "--burst", "257", "l3-rewrite-1k"], "--burst: must be 1..256, got 257"),
     (["gen", "Ether()/IP()/UDP()", "-n", "0", "-o", "x.pcap"], "--count: must be positive"),
     (["gen", "Ether()/IP()/UDP()", "--flows", "0", "-o", "x.pcap"], "--flows: must be positive"),
     (["gen", "Ether()/IP()/UDP()", "--size", "300000", "-o", "x.pcap"], "--size: must be 14..262144"),

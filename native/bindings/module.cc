@@ -393,6 +393,8 @@ struct XorShift {  // the self-tests' random numbers
 };
 
 void bind_module_functions(py::module_& m) {
+  m.attr("DEFAULT_BURST") = kDefaultBurst;  // frames a worker takes from a queue at a time (batch.h)
+  m.attr("MAX_BURST") = kBatchMax;
   m.def("tsc_hz", [] {
     // Calibrates the cycle counter the worker's stage profiler reads.
     auto t0 = std::chrono::steady_clock::now();
@@ -566,7 +568,7 @@ void bind_live(py::module_& m, DataplaneClass& c) {
         cfg.first_worker = first_worker;
         return std::make_unique<LiveRunner>(&dp, std::move(cfg));
       },
-      py::arg("ports"), py::arg("io") = "afpacket", py::arg("burst") = 32, py::arg("idle_ms") = 1,
+      py::arg("ports"), py::arg("io") = "afpacket", py::arg("burst") = kDefaultBurst, py::arg("idle_ms") = 1,
       py::arg("first_worker") = 0, py::arg("drops_pcap") = "",
       py::keep_alive<0, 1>());
 }
@@ -858,7 +860,8 @@ void bind_packets(DataplaneClass& c) {
       .def("bench",
            [](Dataplane& dp, const py::bytes& data, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> offsets,
               py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lens,
-              py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ports, uint64_t total) {
+              py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ports, uint64_t total, uint32_t burst) {
+             if (burst < 1 || burst > kBatchMax) throw py::value_error("burst: 1.." + std::to_string(kBatchMax) + ", got " + std::to_string(burst));
              size_t n = static_cast<size_t>(offsets.size());
              std::string_view buf = data;
              const uint64_t* off = arr_ptr(offsets, n, "offsets");
@@ -877,10 +880,12 @@ void bind_packets(DataplaneClass& c) {
              BenchStats bs;
              {
                py::gil_scoped_release nogil;
-               bs = bench_run(&dp, reinterpret_cast<const uint8_t*>(buf.data()), off, ln, pt, n, total);
+               bs = bench_run(&dp, reinterpret_cast<const uint8_t*>(buf.data()), off, ln, pt, n, total, burst);
              }
              return py::make_tuple(bs.packets, bs.seconds);
-           })
+           },
+           py::arg("data"), py::arg("offsets"), py::arg("lens"), py::arg("ports"), py::arg("total"),
+           py::arg("burst") = kDefaultBurst)
       .def("replayer",
            [](Dataplane& dp, const std::vector<std::pair<uint32_t, std::string>>& inputs, const std::string& out_dir,
               const std::string& drops_pcap) {

@@ -19,7 +19,10 @@
 
 namespace dpu {
 
-constexpr size_t kSweepBudget = 64;  // connections the expiry wheel looks at per stage
+// Connections the expiry wheel looks at per stage: two per job, at least 64.
+// Per job, so that expiry keeps pace with creation whatever the batch size
+// (snat-new opens one connection per packet).
+constexpr size_t kSweepBudget = 64, kSweepPerJob = 2;
 
 void Worker::ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpAction* rest, size_t n_rest) {
   uint32_t k = 0;
@@ -298,10 +301,11 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
       run_actions_nested(job.p, key, job.rest, job.n_rest, next);
     }
   }
+  const size_t budget = std::max(kSweepBudget, kSweepPerJob * ct_jobs_.size());
   ct_jobs_.clear();
   ct_keys_.clear();
   ctw_->end();
-  if (!dry_run) ctw_->sweep(now, kSweepBudget);
+  if (!dry_run) ctw_->sweep(now, budget);
 }
 
 }  // namespace dpu

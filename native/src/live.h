@@ -47,7 +47,7 @@ struct LiveConfig {
   std::vector<LivePort> ports;
   std::string io = "afpacket";  // or "afxdp"
   uint32_t first_worker = 0;     // workers first_worker.. run the ports (0 may be kept for API calls)
-  uint32_t burst = 32;
+  uint32_t burst = kDefaultBurst;
   uint32_t idle_ms = 1;
   uint32_t yield_every = 64;
   uint32_t housekeeping_ms = 50;

@@ -14,7 +14,6 @@
 
 namespace dpu {
 
-constexpr uint32_t kRxBurst = 32;
 namespace {
 
 class CaptureSink : public PortSink {
@@ -80,9 +79,10 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
 }
 
 BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
-                     const uint32_t* ports, size_t n, uint64_t total) {
+                     const uint32_t* ports, size_t n, uint64_t total, uint32_t burst) {
   BenchStats bs;
   if (n == 0) return bs;
+  burst = std::clamp<uint32_t>(burst, 1, kBatchMax);
   Worker& w = dp->worker(0);
   CountSink sink;
   MemRx rx(data, offsets, lens, ports, nullptr, n, true, false);
@@ -90,7 +90,7 @@ BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets
   uint64_t done = 0;
   while (done < total) {
     std::lock_guard<std::mutex> g(w.mu);  // per burst, as a live worker would
-    done += w.receive(rx, static_cast<uint32_t>(std::min<uint64_t>(kRxBurst, total - done)), &sink);
+    done += w.receive(rx, static_cast<uint32_t>(std::min<uint64_t>(burst, total - done)), &sink);
   }
   auto t1 = std::chrono::steady_clock::now();
   bs.packets = done;

@@ -45,10 +45,10 @@ struct BenchStats {
   double seconds = 0;
 };
 // Cycles through the n template packets until `total` packets were processed,
-// copying each into a pool buffer (as a NIC would DMA it) and discarding the
-// outputs after counting them.
+// `burst` at a time (1..kBatchMax), copying each into a pool buffer (as a NIC
+// would DMA it) and discarding the outputs after counting them.
 BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
-                     const uint32_t* ports, size_t n, uint64_t total);
+                     const uint32_t* ports, size_t n, uint64_t total, uint32_t burst = kDefaultBurst);
 
 // ---- replay ----------------------------------------------------------------------
 // With a drops file, every arrival that produced no output is written to it
