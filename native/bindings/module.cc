@@ -432,7 +432,8 @@ void bind_module_functions(py::module_& m) {
   });
   m.def("selftest_simd", [](uint64_t iterations, uint64_t seed) {
     // The vectorised helpers against their plain versions on random keys
-    // (STYLE.md #8): key compare, fixed-size zeroing, and the key hash's
+    // (STYLE.md #8): key compare, fixed-size zeroing, the conntrack bucket
+    // scan, frame copies, and the key hash's
     // spread (both hashes must send 64k random keys to nearly all of 64k slots
     // the way a uniform hash would).
     uint64_t mismatches = 0;
@@ -457,6 +458,7 @@ void bind_module_functions(py::module_& m) {
       std::memcpy(ref + at, src + 3, len);
       if (std::memcmp(dst, ref, sizeof dst) != 0) mismatches++;
     }
+    mismatches += Conntrack::selftest_tag_matches(iterations, seed);  // the conntrack bucket's tag scan
     std::vector<uint8_t> seen_fast(1 << 16), seen_plain(1 << 16);
     for (int i = 0; i < (1 << 16); i++) {
       for (size_t k = 0; k < kKeyWords; k++) a[k] = 0;
@@ -861,7 +863,8 @@ void bind_packets(DataplaneClass& c) {
            [](Dataplane& dp, const py::bytes& data, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> offsets,
               py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lens,
               py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ports, uint64_t total, uint32_t burst) {
-             if (burst < 1 || burst > kBatchMax) throw py::value_error("burst: 1.." + std::to_string(kBatchMax) + ", got " + std::to_string(burst));
+             if (burst < 1 || burst > kBatchMax)
+               throw py::value_error("burst: 1.." + std::to_string(kBatchMax) + ", got " + std::to_string(burst));
              size_t n = static_cast<size_t>(offsets.size());
              std::string_view buf = data;
              const uint64_t* off = arr_ptr(offsets, n, "offsets");

@@ -138,14 +138,37 @@ bool Conntrack::bucket_empty(const Bucket& b) {
   return any == 0;
 }
 
+uint64_t Conntrack::selftest_tag_matches(uint64_t iterations, uint64_t seed) {
+  uint64_t x = seed | 1, mismatches = 0;
+  auto rnd = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  Bucket b;
+  for (uint64_t it = 0; it < iterations; it++) {
+    // Tag 0 too: an empty slot must not match it.
+    const uint64_t tag = rnd() % 8 == 0 ? 0 : rnd() & ((uint64_t{1} << 17) - 1);
+    for (auto& s : b.slot) {  // empty, the tag sought, or another, over a random aligned address
+      const uint64_t r = rnd(), t = (r & 3) == 0 ? 0 : (r & 3) == 1 ? tag : (r >> 8) & 0x1ffff;
+      s.store(r & 4 ? 0 : t << kTagShift | ((rnd() & ((uint64_t{1} << kTagShift) - 1)) & ~uint64_t{62}),
+              std::memory_order_relaxed);
+    }
+    b.chain.store(reinterpret_cast<CtNode*>(rnd() & 1 ? 0 : tag << kTagShift), std::memory_order_relaxed);
+    if (tag_matches(b, tag) != tag_matches_plain(b, tag)) mismatches++;
+  }
+  return mismatches;
+}
+
 Conn* Conntrack::lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const {
   Bucket* bs = buckets();
   if (!bs) return nullptr;
   const Bucket& b = bs[h & mask_];
   const uint64_t tag = tag_of(h);
-  for (const auto& s : b.slot) {
-    const uint64_t e = s.load(std::memory_order_acquire);
-    if (!e || (e >> kTagShift) != tag) continue;
+  for (uint32_t m = tag_matches(b, tag); m; m &= m - 1) {
+    const uint64_t e = b.slot[__builtin_ctz(m)].load(std::memory_order_acquire);
+    if (!e || (e >> kTagShift) != tag) continue;  // changed since
     Conn* c = conn_of(e);
     const int d = static_cast<int>(e & 1);
     if (ct_key_eq(c->key[d], k) && live(c, now)) {
