@@ -73,4 +73,37 @@ void Dpcls::resort() {
   for (Subtable* st : order_) st->hits /= 2;  // decay so the order follows current traffic
 }
 
+uint64_t Emc::selftest(uint64_t iterations, uint64_t seed) {
+  XorShift rnd{seed | 1};
+  uint64_t bad = 0;
+  auto emc = std::make_unique<Emc>();
+  auto mf = std::make_unique<Megaflow>();
+  for (uint64_t it = 0; it < iterations; it++) {
+    Flow a{}, b{};
+    word_t* wa = words(a);
+    const int kind = static_cast<int>(rnd() % 3);  // common, another untracked key, tracked
+    for (size_t k = 0; k < kCommonWords; k++) wa[kCommon[k]] = rnd() & 3 ? rnd() : 0;
+    if (kind > 0)
+      for (size_t k = 0; k < kRestHot; k++) wa[kRest[k]] = rnd() & 1 ? rnd() : 0;
+    wa[kCtStateWord] &= ~uint64_t{0xff};
+    if (kind == 2) {
+      wa[kCtStateWord] |= 1 + rnd() % 255;
+      for (size_t k = kRestHot; k < kRestWords; k++) wa[kRest[k]] = rnd() & 1 ? rnd() : 0;
+    }
+    if (common(wa) != common_plain(wa)) bad++;
+    b = a;
+    if (rnd() & 1) {  // one bit apart, anywhere the key's kind compares
+      word_t* wb = words(b);
+      const size_t n = key_tracked(wa) ? kKeyWords : kKeyHotWords;
+      wb[rnd() % n] ^= uint64_t{1} << (rnd() % 64);
+    }
+    const uint32_t h = hash_key(a);
+    emc->insert(a, h, mf.get(), false);
+    uint32_t slot = 0;
+    const bool hit = emc->lookup_first(b, h, &slot) || emc->lookup_second(b, h, &slot);
+    if (hit != same_plain(words(a), words(b))) bad++;
+  }
+  return bad;
+}
+
 }  // namespace dpu

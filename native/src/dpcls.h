@@ -221,17 +221,25 @@ class Emc {
   Megaflow* lookup_second(const Flow& key, uint32_t hash, uint32_t* slot) const {
     return probe(key, hash, (hash >> kBits) & (kEntries - 1), slot);
   }
-  void prefetch(uint32_t hash) const {  // the lines an untracked key's compare reads
+  // The lines the compare of `key` reads: the first for a common key, the
+  // first three for another untracked one.
+  void prefetch(const Flow& key, uint32_t hash) const {
     const char* a = reinterpret_cast<const char*>(&e_[hash & (kEntries - 1)]);
     __builtin_prefetch(a);
-    __builtin_prefetch(a + 64);
-    __builtin_prefetch(a + 128);
+    if (!common(words(key))) {
+      __builtin_prefetch(a + 64);
+      __builtin_prefetch(a + 128);
+    }
   }
-  // The second way's hash and first key words: a miss reads no more.
-  void prefetch_second(uint32_t hash) const {
+  // The second way's first line (a miss, or a common key's hit, reads no
+  // more), and for another key the next two.
+  void prefetch_second(const Flow& key, uint32_t hash) const {
     const char* b = reinterpret_cast<const char*>(&e_[(hash >> kBits) & (kEntries - 1)]);
     __builtin_prefetch(b);
-    __builtin_prefetch(b + 64);
+    if (!common(words(key))) {
+      __builtin_prefetch(b + 64);
+      __builtin_prefetch(b + 128);
+    }
   }
   // A key goes into the first of its two ways that is free (or holds its
   // hash). When both are taken, a key in one of them moves to its own other
@@ -250,14 +258,16 @@ class Emc {
     else if (!e_[b].mf || e_[b].hash == hash) t = b;
     else if (!move_keys || !make_room(a, b, &t)) t = ((hash >> 2 * kBits) & 1) ? a : b;
     Entry& e = e_[t];
-    std::memcpy(e.key, &key, kKeyBytes);
+    const word_t* w = words(key);
+    for (size_t k = 0; k < kCommonWords; k++) e.common[k] = w[kCommon[k]];
+    for (size_t k = 0; k < kRestWords; k++) e.rest[k] = w[kRest[k]];
     e.hash = hash;
     e.mf = mf;
-    e.stamp++;
+    e.stamp = static_cast<uint16_t>(((e.stamp + 2u) & ~1u) | (common(w) ? 0u : 1u));
     e.side_tag = 0;
   }
   // Each insert into a slot changes its stamp: a slot with the stamp seen
-  // earlier (within one batch: 16 bits) still holds the same key.
+  // earlier (within one batch: 15 bits of count) still holds the same key.
   uint32_t stamp(uint32_t slot) const { return e_[slot].stamp; }
 
   // Side data: kSideBytes that the owner keeps with an entry, and a nonzero
@@ -288,47 +298,66 @@ class Emc {
     }
   }
 
-  // Whole-key compare without early exits (the conntrack words only when
-  // the keys are tracked: equal ct_state bytes, and zero words otherwise).
-  // The AVX2 variant is checked against same_plain by selftest()
-  // (tests/test_selftest.py).
+  // Whole-key compare (the conntrack words only when the keys are tracked:
+  // equal ct_state bytes, and zero words otherwise): what a lookup must
+  // answer, the reference selftest() checks the split entries against.
   static bool same_plain(const word_t* a, const word_t* b) {
     uint64_t d = 0;
     size_t n = key_tracked(a) ? kKeyWords : kKeyHotWords;
     for (size_t i = 0; i < n; i++) d |= a[i] ^ b[i];
     return d == 0;
   }
-  static bool same(const word_t* a, const word_t* b) {
+
+  // A common key: an untracked one whose words outside kCommon (tunnel,
+  // conntrack, IPv6 and ARP words) are zero, as those of IPv4 TCP, UDP and
+  // ICMP without a tunnel are. Its entry's compare reads one line.
+  static constexpr size_t kCommonWords = 6, kRestWords = kKeyWords - kCommonWords;
+  static constexpr uint8_t kCommon[kCommonWords] = {0, 9, 10, 11, 16, 18};
+  static constexpr uint8_t kRest[kRestWords] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 14, 15, 17,
+                                                19, 20, 21, 22, 23, 24, 25};
+  static constexpr size_t kRestHot = kKeyHotWords - kCommonWords;  // kRest's first 13: the hot words
+  static_assert(kRest[7] == 8 && kRest[8] == 12 && kRest[12] == 17 && kRest[13] == 19 && kRestWords == 20,
+                "kRest's runs, as holds() compares them");
+  static bool common(const word_t* w) {
+    static_assert(kCtStateWord == 7 && kKeyHotWords == 19, "the rest's hot words are 1-8, 12-15 and 17");
 #if defined(__AVX2__)
-    __m256i d = _mm256_setzero_si256();
-    for (size_t i = 0; i + 4 <= 16; i += 4)
-      d = _mm256_or_si256(d, _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + i)),
-                                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + i))));
-    uint64_t t = (a[16] ^ b[16]) | (a[17] ^ b[17]) | (a[18] ^ b[18]);
-    static_assert(kKeyHotWords == 19 && kKeyWords == 26, "four lanes and three words, then the conntrack words");
-    if (!_mm256_testz_si256(d, d) || t != 0) return false;
-    if (__builtin_expect(!key_tracked(a), 1)) return true;
-    uint64_t u = 0;
-    for (size_t i = kKeyHotWords; i < kKeyWords; i++) u |= a[i] ^ b[i];
-    return u == 0;
+    const __m256i* v = reinterpret_cast<const __m256i*>(w);
+    const __m256i x = _mm256_or_si256(_mm256_or_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 1)),
+                                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 5))),
+                                      _mm256_loadu_si256(v + 3));  // words 1-4, 5-8, 12-15
+    return _mm256_testz_si256(x, x) && w[17] == 0;
 #else
-    return same_plain(a, b);
+    return common_plain(w);
 #endif
   }
+  static bool common_plain(const word_t* w) {
+    uint64_t d = 0;
+    for (size_t k = 0; k < kRestHot; k++) d |= w[kRest[k]];
+    return d == 0;
+  }
+  // Entry layout and lookups against same_plain() on random keys of every
+  // kind (common, other untracked, tracked), and common() against
+  // common_plain(): the number of disagreements (tests/test_selftest.py).
+  static uint64_t selftest(uint64_t iterations, uint64_t seed);
 
  private:
-  // Four lines: a lookup compares the first three (the hash, the megaflow
-  // and an untracked key's words); the tracked words and the side data fill
-  // the fourth. Sixteen to a page.
+  // Four lines, sixteen to a page. The first holds the hash, the megaflow
+  // and the key's kCommon words: all a common key's compare reads. The rest
+  // of the key follows (kRest: another untracked key's compare reads the
+  // first three lines), then the side data, in the fourth line. A resumed
+  // packet (CtResume) reads two lines of its entry, not four: 10,000
+  // connections' entries and connections fit L2 better.
   struct alignas(64) Entry {
     uint32_t hash;
-    uint16_t stamp;
+    uint16_t stamp;  // +2 at every insert; bit 0: not a common key
     uint16_t side_tag;
     Megaflow* mf;
-    uint64_t key[kKeyWords];
+    uint64_t common[kCommonWords];
+    uint64_t rest[kRestWords];
     alignas(8) unsigned char side[kSideBytes];
   };
-  static_assert(sizeof(Entry) == 256 && offsetof(Entry, side) == 224, "an entry is four lines, side data last");
+  static_assert(sizeof(Entry) == 256 && offsetof(Entry, side) == 224 && offsetof(Entry, rest) == 64,
+                "an entry is four lines: header and common words, the rest, side data last");
   HugeArray<Entry> e_;
 
   uint32_t other_way(uint32_t slot) const {
@@ -339,10 +368,11 @@ class Emc {
   void move(uint32_t from, uint32_t to) {
     Entry& d = e_[to];
     const Entry& s = e_[from];
-    std::memcpy(d.key, s.key, kKeyBytes);
+    std::memcpy(d.common, s.common, sizeof d.common);
+    std::memcpy(d.rest, s.rest, sizeof d.rest);
     d.hash = s.hash;
     d.mf = s.mf;
-    d.stamp++;
+    d.stamp = static_cast<uint16_t>(((d.stamp + 2u) & ~1u) | (s.stamp & 1u));
     d.side_tag = 0;
   }
   // Frees way a or b of a new key by moving what holds it (see insert()).
@@ -369,9 +399,37 @@ class Emc {
     }
     return false;
   }
+  // Whether entry e holds key w (its common words compared first; the rest
+  // only when neither is a common key).
+  static bool holds(const Entry& e, const word_t* w) {
+    const uint64_t d = (e.common[0] ^ w[0]) | (e.common[1] ^ w[9]) | (e.common[2] ^ w[10]) | (e.common[3] ^ w[11]) |
+                       (e.common[4] ^ w[16]) | (e.common[5] ^ w[18]);
+    static_assert(kCommon[1] == 9 && kCommon[5] == 18, "kCommon spelled out above");
+    const bool c = common(w), wide = e.stamp & 1u;
+    if (d != 0 || c == wide) return false;
+    if (c) return true;
+#if defined(__AVX2__)
+    // kRest's runs: words 1-8, 12-15, 17 (hot), 19-25 (tracked).
+    auto at = [](const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); };
+    const __m256i x = _mm256_or_si256(_mm256_or_si256(_mm256_xor_si256(at(e.rest), at(w + 1)),
+                                                      _mm256_xor_si256(at(e.rest + 4), at(w + 5))),
+                                      _mm256_xor_si256(at(e.rest + 8), at(w + 12)));
+    if (!_mm256_testz_si256(x, x) || e.rest[12] != w[17]) return false;
+    if (__builtin_expect(!key_tracked(w), 1)) return true;
+    const __m256i t = _mm256_xor_si256(at(e.rest + 13), at(w + 19));
+    return _mm256_testz_si256(t, t) && ((e.rest[17] ^ w[23]) | (e.rest[18] ^ w[24]) | (e.rest[19] ^ w[25])) == 0;
+#else
+    uint64_t r = 0;
+    for (size_t k = 0; k < kRestHot; k++) r |= e.rest[k] ^ w[kRest[k]];
+    if (r != 0) return false;
+    if (__builtin_expect(!key_tracked(w), 1)) return true;
+    for (size_t k = kRestHot; k < kRestWords; k++) r |= e.rest[k] ^ w[kRest[k]];
+    return r == 0;
+#endif
+  }
   Megaflow* probe(const Flow& key, uint32_t hash, uint32_t i, uint32_t* slot) const {
     const Entry& e = e_[i];
-    if (e.hash == hash && e.mf && same(e.key, words(key))) {
+    if (e.hash == hash && e.mf && holds(e, words(key))) {
       *slot = i;
       return e.mf;
     }

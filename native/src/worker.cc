@@ -313,7 +313,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     }
     if (use_emc) {  // (bypassed, the EMC needs a hash only for the rare insert)
       hashes[i] = hash_key(keys[i]);
-      emc_.prefetch(hashes[i]);
+      emc_.prefetch(keys[i], hashes[i]);
     }
     look[n_look++] = static_cast<uint8_t>(i);
   }
@@ -346,7 +346,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     if (Megaflow* mf = emc_.lookup_first(keys[i], hashes[i], &slots[i])) {
       hit(i, mf);
     } else {
-      emc_.prefetch_second(hashes[i]);
+      emc_.prefetch_second(keys[i], hashes[i]);
       second[n_second++] = static_cast<uint8_t>(i);
     }
   }

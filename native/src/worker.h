@@ -321,13 +321,8 @@ class Worker {
   static constexpr uint32_t kEmcProbeEvery = 16, kEmcWindow = 4096;
   bool emc_bypass_ = false;
   uint32_t emc_window_looks_ = 0, emc_window_hits_ = 0;
-  uint64_t rng_ = 0x853c49e6748fea9bull;
-  uint64_t next_random() {  // xorshift64: EMC insertion and bypass probes
-    rng_ ^= rng_ << 13;
-    rng_ ^= rng_ >> 7;
-    rng_ ^= rng_ << 17;
-    return rng_;
-  }
+  XorShift rng_{0x853c49e6748fea9bull};
+  uint64_t next_random() { return rng_(); }  // EMC insertion and bypass probes
   size_t max_megaflows_ = 1u << 20;
   uint64_t batch_count_ = 0;
 

@@ -147,6 +147,18 @@ inline uint64_t be64(uint64_t v) { return __builtin_bswap64(v); }
 // three independent chains (one instruction a word); otherwise pairs of words
 // are mixed with 64x64->128 multiplies. Either way the result only has to
 // spread well: the caches compare whole keys.
+// xorshift64 (Marsaglia): the worker's sampling (EMC inserts, bypass probes)
+// and the self-tests' random keys. The state must not be zero.
+struct XorShift {
+  uint64_t x;
+  uint64_t operator()() {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  }
+};
+
 inline uint64_t mix128(uint64_t a, uint64_t b) {
   unsigned __int128 r = static_cast<unsigned __int128>(a) * b;
   return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);

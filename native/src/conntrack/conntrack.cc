@@ -139,13 +139,8 @@ bool Conntrack::bucket_empty(const Bucket& b) {
 }
 
 uint64_t Conntrack::selftest_tag_matches(uint64_t iterations, uint64_t seed) {
-  uint64_t x = seed | 1, mismatches = 0;
-  auto rnd = [&x] {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return x;
-  };
+  XorShift rnd{seed | 1};
+  uint64_t mismatches = 0;
   Bucket b;
   for (uint64_t it = 0; it < iterations; it++) {
     // Tag 0 too: an empty slot must not match it.
