@@ -72,6 +72,10 @@ inline void* huge_alloc(size_t bytes) {
   void* p = nullptr;
   if (posix_memalign(&p, kHuge, n) != 0) throw std::bad_alloc();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
+  // Memory the allocator hands back out (an earlier table's) keeps the small
+  // pages it was first touched with: dropped here, it is faulted in again,
+  // as huge pages, when first written.
+  madvise(p, n, MADV_DONTNEED);
   madvise(p, n, MADV_HUGEPAGE);
 #endif
   return p;
