@@ -142,11 +142,6 @@ inline uint16_t be16(uint16_t v) { return __builtin_bswap16(v); }
 inline uint32_t be32(uint32_t v) { return __builtin_bswap32(v); }
 inline uint64_t be64(uint64_t v) { return __builtin_bswap64(v); }
 
-// ---- hashing ------------------------------------------------------------------
-// The cache hash covers every datapath key word. With SSE4.2 it is CRC32C in
-// three independent chains (one instruction a word); otherwise pairs of words
-// are mixed with 64x64->128 multiplies. Either way the result only has to
-// spread well: the caches compare whole keys.
 // xorshift64 (Marsaglia): the worker's sampling (EMC inserts, bypass probes)
 // and the self-tests' random keys. The state must not be zero.
 struct XorShift {
@@ -159,6 +154,11 @@ struct XorShift {
   }
 };
 
+// ---- hashing ------------------------------------------------------------------
+// The cache hash covers every datapath key word. With SSE4.2 it is CRC32C in
+// three independent chains (one instruction a word); otherwise pairs of words
+// are mixed with 64x64->128 multiplies. Either way the result only has to
+// spread well: the caches compare whole keys.
 inline uint64_t mix128(uint64_t a, uint64_t b) {
   unsigned __int128 r = static_cast<unsigned __int128>(a) * b;
   return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);
