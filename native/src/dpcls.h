@@ -215,28 +215,29 @@ class Emc {
   // entry that answered. A batch checks every key's first way (whose lines
   // prefetch() fetched), prefetches the second way of those that missed it
   // (prefetch_second), and then checks those.
-  Megaflow* lookup_first(const Flow& key, uint32_t hash, uint32_t* slot) const {
-    return probe(key, hash, hash & (kEntries - 1), slot);
+  // `common` is common(words(key)), worked out once per key by the caller.
+  Megaflow* lookup_first(const Flow& key, uint32_t hash, bool common, uint32_t* slot) const {
+    return probe(key, hash, hash & (kEntries - 1), common, slot);
   }
-  Megaflow* lookup_second(const Flow& key, uint32_t hash, uint32_t* slot) const {
-    return probe(key, hash, (hash >> kBits) & (kEntries - 1), slot);
+  Megaflow* lookup_second(const Flow& key, uint32_t hash, bool common, uint32_t* slot) const {
+    return probe(key, hash, (hash >> kBits) & (kEntries - 1), common, slot);
   }
   // The lines the compare of `key` reads: the first for a common key, the
   // first three for another untracked one.
-  void prefetch(const Flow& key, uint32_t hash) const {
+  void prefetch(uint32_t hash, bool common) const {
     const char* a = reinterpret_cast<const char*>(&e_[hash & (kEntries - 1)]);
     __builtin_prefetch(a);
-    if (!common(words(key))) {
+    if (!common) {
       __builtin_prefetch(a + 64);
       __builtin_prefetch(a + 128);
     }
   }
   // The second way's first line (a miss, or a common key's hit, reads no
   // more), and for another key the next two.
-  void prefetch_second(const Flow& key, uint32_t hash) const {
+  void prefetch_second(uint32_t hash, bool common) const {
     const char* b = reinterpret_cast<const char*>(&e_[(hash >> kBits) & (kEntries - 1)]);
     __builtin_prefetch(b);
-    if (!common(words(key))) {
+    if (!common) {
       __builtin_prefetch(b + 64);
       __builtin_prefetch(b + 128);
     }
@@ -400,12 +401,12 @@ class Emc {
     return false;
   }
   // Whether entry e holds key w (its common words compared first; the rest
-  // only when neither is a common key).
-  static bool holds(const Entry& e, const word_t* w) {
+  // only when neither is a common key; c: common(w)).
+  static bool holds(const Entry& e, const word_t* w, bool c) {
     const uint64_t d = (e.common[0] ^ w[0]) | (e.common[1] ^ w[9]) | (e.common[2] ^ w[10]) | (e.common[3] ^ w[11]) |
                        (e.common[4] ^ w[16]) | (e.common[5] ^ w[18]);
     static_assert(kCommon[1] == 9 && kCommon[5] == 18, "kCommon spelled out above");
-    const bool c = common(w), wide = e.stamp & 1u;
+    const bool wide = e.stamp & 1u;
     if (d != 0 || c == wide) return false;
     if (c) return true;
 #if defined(__AVX2__)
@@ -427,9 +428,9 @@ class Emc {
     return r == 0;
 #endif
   }
-  Megaflow* probe(const Flow& key, uint32_t hash, uint32_t i, uint32_t* slot) const {
+  Megaflow* probe(const Flow& key, uint32_t hash, uint32_t i, bool common, uint32_t* slot) const {
     const Entry& e = e_[i];
-    if (e.hash == hash && e.mf && holds(e, words(key))) {
+    if (e.hash == hash && e.mf && holds(e, words(key), common)) {
       *slot = i;
       return e.mf;
     }

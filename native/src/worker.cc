@@ -275,6 +275,7 @@ uint32_t Worker::parse_stage(Packet** pkts, uint32_t n, Flow* keys, Packet** liv
 void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool first) {
   alignas(64) Flow keys[kChunk];
   uint32_t hashes[kChunk];
+  bool common[kChunk];  // Emc::common() of each key looked up in the EMC
   Megaflow* mfs[kChunk];
   uint8_t miss[kChunk];
   uint32_t n_miss = 0;
@@ -313,7 +314,8 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     }
     if (use_emc) {  // (bypassed, the EMC needs a hash only for the rare insert)
       hashes[i] = hash_key(keys[i]);
-      emc_.prefetch(keys[i], hashes[i]);
+      common[i] = Emc::common(words(keys[i]));
+      emc_.prefetch(hashes[i], common[i]);
     }
     look[n_look++] = static_cast<uint8_t>(i);
   }
@@ -343,16 +345,16 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   }
   for (uint32_t k = 0; k < n_look; k++) {
     const uint32_t i = look[k];
-    if (Megaflow* mf = emc_.lookup_first(keys[i], hashes[i], &slots[i])) {
+    if (Megaflow* mf = emc_.lookup_first(keys[i], hashes[i], common[i], &slots[i])) {
       hit(i, mf);
     } else {
-      emc_.prefetch_second(keys[i], hashes[i]);
+      emc_.prefetch_second(hashes[i], common[i]);
       second[n_second++] = static_cast<uint8_t>(i);
     }
   }
   for (uint32_t k = 0; k < n_second; k++) {
     uint32_t i = second[k];
-    if (Megaflow* mf = emc_.lookup_second(keys[i], hashes[i], &slots[i])) hit(i, mf);
+    if (Megaflow* mf = emc_.lookup_second(keys[i], hashes[i], common[i], &slots[i])) hit(i, mf);
     else miss[n_miss++] = static_cast<uint8_t>(i);
   }
   if (use_emc) {
