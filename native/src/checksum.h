@@ -72,6 +72,19 @@ inline uint32_t csum_term(uint16_t old_w, uint16_t new_w) {
   return static_cast<uint16_t>(~old_w) + static_cast<uint32_t>(new_w);
 }
 
+// The terms of a 32-bit field's change (two words at once: a ones'-complement
+// sum does not depend on how its words are grouped; an unchanged word of the
+// two adds ~m + m, a ones'-complement zero). Summed in 64 bits and applied
+// with csum_apply_sum().
+inline uint64_t csum_term32(uint32_t old_v, uint32_t new_v) {
+  return static_cast<uint32_t>(~old_v) + static_cast<uint64_t>(new_v);
+}
+
+// HC' = ~(~HC + terms) for terms summed in 64 bits (csum_term, csum_term32).
+inline uint16_t csum_apply_sum(uint16_t hc, uint64_t terms) {
+  return static_cast<uint16_t>(~csum_fold(static_cast<uint16_t>(~hc) + terms));
+}
+
 // RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'), for one 16-bit word.
 inline uint16_t csum_replace16(uint16_t hc, uint16_t old_w, uint16_t new_w) {
   return csum_apply_terms(hc, csum_term(old_w, new_w));

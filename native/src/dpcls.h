@@ -322,10 +322,8 @@ class Emc {
   static bool common(const word_t* w) {
     static_assert(kCtStateWord == 7 && kKeyHotWords == 19, "the rest's hot words are 1-8, 12-15 and 17");
 #if defined(__AVX2__)
-    const __m256i* v = reinterpret_cast<const __m256i*>(w);
-    const __m256i x = _mm256_or_si256(_mm256_or_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 1)),
-                                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 5))),
-                                      _mm256_loadu_si256(v + 3));  // words 1-4, 5-8, 12-15
+    auto at = [](const word_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); };
+    const __m256i x = _mm256_or_si256(_mm256_or_si256(at(w + 1), at(w + 5)), at(w + 12));  // words 1-8, 12-15
     return _mm256_testz_si256(x, x) && w[17] == 0;
 #else
     return common_plain(w);

@@ -235,17 +235,15 @@ inline void replace_word(uint8_t* w, uint16_t nw, uint64_t* sum) {
   const uint16_t ow = load16(w);
   if (ow == nw) return;
   store16(w, nw);
-  *sum += static_cast<uint16_t>(~ow) + static_cast<uint64_t>(nw);
+  *sum += csum_term(ow, nw);
 }
 
-// The same for a 32-bit field (an IPv4 address, or both ports): its two
-// words' terms at once. A word of a changed field that keeps its value
-// adds ~m + m, a ones'-complement zero.
+// The same for a 32-bit field (an IPv4 address, or both ports).
 inline void replace_field(uint8_t* f, uint32_t nv, uint64_t* sum) {
   const uint32_t ov = load32(f);
   if (ov == nv) return;
   store32(f, nv);
-  *sum += static_cast<uint32_t>(~ov) + static_cast<uint64_t>(nv);
+  *sum += csum_term32(ov, nv);
 }
 
 // HC' = ~(~HC + the summed terms), the checksum at `c`; a zero UDP checksum
@@ -254,7 +252,7 @@ inline void apply_sum(uint8_t* c, uint64_t sum, bool udp) {
   if (!sum) return;
   const uint16_t hc = load16(c);
   if (udp && hc == 0) return;
-  const uint16_t n = static_cast<uint16_t>(~csum_fold(static_cast<uint16_t>(~hc) + sum));
+  const uint16_t n = csum_apply_sum(hc, sum);
   store16(c, udp && n == 0 ? 0xffff : n);
 }
 
