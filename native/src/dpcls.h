@@ -260,11 +260,13 @@ class Emc {
     else if (!move_keys || !make_room(a, b, &t)) t = ((hash >> 2 * kBits) & 1) ? a : b;
     Entry& e = e_[t];
     const word_t* w = words(key);
+    const bool c = common(w);
     for (size_t k = 0; k < kCommonWords; k++) e.common[k] = w[kCommon[k]];
-    for (size_t k = 0; k < kRestWords; k++) e.rest[k] = w[kRest[k]];
+    if (!c)
+      for (size_t k = 0; k < kRestWords; k++) e.rest[k] = w[kRest[k]];
     e.hash = hash;
     e.mf = mf;
-    e.stamp = static_cast<uint16_t>(((e.stamp + 2u) & ~1u) | (common(w) ? 0u : 1u));
+    e.stamp = static_cast<uint16_t>(((e.stamp + 2u) & ~1u) | (c ? 0u : 1u));
     e.side_tag = 0;
   }
   // Each insert into a slot changes its stamp: a slot with the stamp seen
@@ -283,15 +285,15 @@ class Emc {
   template <class T>
   const T& side(uint32_t slot) const {
     static_assert(sizeof(T) == kSideBytes && std::is_trivially_copyable<T>::value, "side data is raw bytes");
-    return *reinterpret_cast<const T*>(e_[slot].side);
+    return *reinterpret_cast<const T*>(side_of(e_[slot]));
   }
   template <class T>
   void set_side(uint32_t slot, uint16_t tag, const T& v) {
     static_assert(sizeof(T) == kSideBytes && std::is_trivially_copyable<T>::value, "side data is raw bytes");
-    std::memcpy(e_[slot].side, &v, kSideBytes);
+    std::memcpy(side_of(e_[slot]), &v, kSideBytes);
     e_[slot].side_tag = tag;
   }
-  void prefetch_side(uint32_t slot) const { __builtin_prefetch(e_[slot].side); }
+  void prefetch_side(uint32_t slot) const { __builtin_prefetch(side_of(e_[slot])); }
   void clear() {
     for (uint32_t i = 0; i < kEntries; i++) {
       e_[i].mf = nullptr;
@@ -343,9 +345,10 @@ class Emc {
   // Four lines, sixteen to a page. The first holds the hash, the megaflow
   // and the key's kCommon words: all a common key's compare reads. The rest
   // of the key follows (kRest: another untracked key's compare reads the
-  // first three lines), then the side data, in the fourth line. A resumed
-  // packet (CtResume) reads two lines of its entry, not four: 10,000
-  // connections' entries and connections fit L2 better.
+  // first three lines), then that key's side data, in the fourth line. A
+  // common key's side data is in the second line (side_of()), so a resumed
+  // packet (CtResume) reads its entry's first 128-byte pair of lines and
+  // nothing else: 10,000 connections' entries and connections fit L2 better.
   struct alignas(64) Entry {
     uint32_t hash;
     uint16_t stamp;  // +2 at every insert; bit 0: not a common key
@@ -359,6 +362,15 @@ class Emc {
                 "an entry is four lines: header and common words, the rest, side data last");
   HugeArray<Entry> e_;
 
+  // Where an entry's side data is: a common key's in its second line, where
+  // the rest of a key would be (a common key's rest is zero and is not
+  // kept), so that a resumed packet reads the entry's first two lines, one
+  // 128-byte pair; another key's in the fourth.
+  static unsigned char* side_of(Entry& e) {
+    return (e.stamp & 1u) ? e.side : reinterpret_cast<unsigned char*>(e.rest);
+  }
+  static const unsigned char* side_of(const Entry& e) { return side_of(const_cast<Entry&>(e)); }
+
   uint32_t other_way(uint32_t slot) const {
     const uint32_t h = e_[slot].hash, x = h & (kEntries - 1);
     return x == slot ? (h >> kBits) & (kEntries - 1) : x;
@@ -368,7 +380,7 @@ class Emc {
     Entry& d = e_[to];
     const Entry& s = e_[from];
     std::memcpy(d.common, s.common, sizeof d.common);
-    std::memcpy(d.rest, s.rest, sizeof d.rest);
+    if (s.stamp & 1u) std::memcpy(d.rest, s.rest, sizeof d.rest);
     d.hash = s.hash;
     d.mf = s.mf;
     d.stamp = static_cast<uint16_t>(((d.stamp + 2u) & ~1u) | (s.stamp & 1u));
