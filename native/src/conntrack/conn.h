@@ -18,6 +18,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__SSE4_1__)
+#include <immintrin.h>
+#endif
+
 #include "dpu/flow_key.h"
 
 namespace dpu {
@@ -35,12 +39,45 @@ struct CtKey {
 };
 static_assert(sizeof(CtKey) == 40, "a key is five words");
 
+// Keys are read and written as three parts: the two addresses (16 bytes
+// each) and the last eight bytes. A packet's key is compared moments after
+// ct_extract() wrote it, so each load must find one store that holds all its
+// bytes: a load spanning narrower stores (the fields one by one) waits for
+// them to reach the cache, which cost snat-est-1k a twelfth of its time.
+#if defined(__SSE4_1__)
 inline bool ct_key_eq(const CtKey& a, const CtKey& b) {
-  uint64_t x[5], y[5];
-  std::memcpy(x, &a, 40);
-  std::memcpy(y, &b, 40);
-  return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3]) | (x[4] ^ y[4])) == 0;
+  const __m128i s = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.src)),
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.src)));
+  const __m128i d = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.dst)),
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.dst)));
+  uint64_t x, y;
+  std::memcpy(&x, &a.sport, 8);
+  std::memcpy(&y, &b.sport, 8);
+  const __m128i o = _mm_or_si128(s, d);
+  return _mm_testz_si128(o, o) && x == y;
 }
+// An IPv4 key, written as the three parts (`ports`: the L4 header's first
+// four bytes, network order).
+inline void ct_key_set_v4(CtKey* k, uint32_t src, uint32_t dst, uint32_t ports, uint16_t zone, uint8_t proto) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(k->src), _mm_cvtsi32_si128(static_cast<int>(src)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(k->dst), _mm_cvtsi32_si128(static_cast<int>(dst)));
+  const uint64_t tail = ports | uint64_t{zone} << 32 | uint64_t{proto} << 48;  // v6 = 0
+  std::memcpy(&k->sport, &tail, 8);
+}
+#else
+inline bool ct_key_eq(const CtKey& a, const CtKey& b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+inline void ct_key_set_v4(CtKey* k, uint32_t src, uint32_t dst, uint32_t ports, uint16_t zone, uint8_t proto) {
+  std::memset(k, 0, sizeof *k);
+  k->src[0] = src;
+  k->dst[0] = dst;
+  std::memcpy(&k->sport, &ports, 4);
+  k->zone = zone;
+  k->proto = proto;
+}
+#endif
+static_assert(offsetof(CtKey, dst) == 16 && offsetof(CtKey, sport) == 32 && offsetof(CtKey, zone) == 36 &&
+                  offsetof(CtKey, proto) == 38 && offsetof(CtKey, v6) == 39,
+              "the three parts, and the last one's layout");
 
 // What of a connection's key[1 - d] NAT may make differ from its key[d]
 // reversed: the first words of the addresses, and the ports. Zone, protocol

@@ -124,13 +124,7 @@ inline bool extract_simple(uint8_t* ip, uint32_t avail, uint16_t zone, CtPacket*
   uint8_t* l4 = ip + 20;
   const uint32_t l4_len = tot - 20;
   if (proto == kIpTcp ? l4_len < 20 || (l4[12] >> 4) < 5 || (l4[12] >> 4) * 4u > l4_len : l4_len < 8) return false;
-  CtKey& k = cp->key;
-  std::memset(&k, 0, sizeof k);
-  k.src[0] = load32(ip + 12);
-  k.dst[0] = load32(ip + 16);
-  std::memcpy(&k.sport, l4, 4);
-  k.zone = zone;
-  k.proto = proto;
+  ct_key_set_v4(&cp->key, load32(ip + 12), load32(ip + 16), load32(l4), zone, proto);
   cp->icmp_error = false;
   cp->l3 = ip;
   cp->l4 = l4;
