@@ -276,10 +276,12 @@ void ct_nat_packet(const Conn& c, int dir, CtPacket* cp) {
       apply_sum(cp->l4 + 2, d_id, false);
     } else {
       uint64_t d_l4 = d_addr;
-      const uint16_t ports[2] = {o.dport, o.sport};
-      uint32_t new_ports;
-      std::memcpy(&new_ports, ports, 4);
-      replace_field(cp->l4, new_ports, &d_l4);
+      // The header's ports are o's swapped: its sport and dport as one
+      // word, the halves exchanged (built in a register: two 16-bit stores
+      // read back as one word would stall on store forwarding).
+      uint32_t o_ports;
+      std::memcpy(&o_ports, &o.sport, 4);
+      replace_field(cp->l4, (o_ports >> 16) | (o_ports << 16), &d_l4);
       bool udp = false;
       if (uint8_t* l4c = l4_csum(proto, cp->l4, cp->l4_len, &udp)) apply_sum(l4c, d_l4, udp);
     }
