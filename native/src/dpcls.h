@@ -5,7 +5,8 @@
 // Sets:  nothing in the packet; returns the Megaflow to execute.
 // Next:  on a megaflow miss, the upcall (xlate.h); else execute.cc.
 //
-// EMC: 16,384 entries, two candidate slots per hash, full-key compare; filled
+// EMC: 16,384 entries, five candidates per hash (a first way and a bucket of
+// four, searched by 16-bit tags kept apart), full-key compare; filled
 // with probability 1/emc_insert_inv_prob (100 as OVS's default) so a flood of
 // short flows does not thrash it. While it answers too few lookups, the
 // worker bypasses it for most sub-batches (Worker::pass, emc_skipped). Megaflow cache: one Subtable per distinct
@@ -210,54 +211,67 @@ class Emc {
   // entries (and with them the cached pass after conntrack, CtResume), which
   // 8,192 could not: snat-est-10k x1.20 (4 rounds A/B), the rest unchanged.
   static constexpr uint32_t kBits = 14, kEntries = 1u << kBits;
-  Emc() : e_(kEntries) { clear(); }
-  // The megaflow of `key` in one of its two ways, or null; *slot is the
+  // A key has five candidate entries: its first way, one entry (hash's low
+  // bits), and its bucket, four entries side by side (the next bits). Each
+  // entry's tag (16 bits of its key's hash, 0 when empty) is kept apart in
+  // tags_ (32 KiB, one 8-byte word per bucket), so that the bucket is
+  // searched by its tags and only an entry whose tag matches is read.
+  // 10,000 keys in 16,384 entries (snat-est-10k) all keep one; with two
+  // candidates, cuckoo moves kept 96%, a miss for every 25th packet.
+  static constexpr uint32_t kBucket = 4;
+  Emc() : e_(kEntries), tags_(kEntries) { clear(); }
+  // The megaflow of `key` in one of its candidates, or null; *slot is the
   // entry that answered. A batch checks every key's first way (whose lines
-  // prefetch() fetched), prefetches the second way of those that missed it
-  // (prefetch_second), and then checks those.
+  // prefetch() fetched), then for each that missed it reads its bucket's
+  // tags (second_candidates(), which prefetches the first match), and
+  // checks the candidates it names (lookup_second).
   // `common` is common(words(key)), worked out once per key by the caller.
   Megaflow* lookup_first(const Flow& key, uint32_t hash, bool common, uint32_t* slot) const {
-    return probe(key, hash, hash & (kEntries - 1), common, slot);
+    return probe(key, hash, way(hash), common, slot);
   }
-  Megaflow* lookup_second(const Flow& key, uint32_t hash, bool common, uint32_t* slot) const {
-    return probe(key, hash, (hash >> kBits) & (kEntries - 1), common, slot);
+  // The entries of hash's bucket whose tag is hash's (bit k: entry k of the
+  // bucket); the first one's lines prefetched.
+  uint32_t second_candidates(uint32_t hash, bool common) const {
+    const uint32_t b = bucket(hash);
+    uint64_t t;
+    std::memcpy(&t, &tags_[b], 8);
+    const uint64_t x = t ^ (uint64_t{tag_of(hash)} * 0x0001000100010001ull);  // a matching tag's lane: 0
+    uint32_t m = 0;
+    for (uint32_t k = 0; k < kBucket; k++) m |= ((x >> (16 * k)) & 0xffff) == 0 ? 1u << k : 0u;
+    if (m) prefetch_entry(b + static_cast<uint32_t>(__builtin_ctz(m)), common);
+    return m;
+  }
+  Megaflow* lookup_second(const Flow& key, uint32_t hash, bool common, uint32_t cands, uint32_t* slot) const {
+    const uint32_t b = bucket(hash);
+    for (; cands; cands &= cands - 1)
+      if (Megaflow* mf = probe(key, hash, b + static_cast<uint32_t>(__builtin_ctz(cands)), common, slot)) return mf;
+    return nullptr;
   }
   // The lines the compare of `key` reads: the first for a common key, the
   // first three for another untracked one.
-  void prefetch(uint32_t hash, bool common) const {
-    const char* a = reinterpret_cast<const char*>(&e_[hash & (kEntries - 1)]);
-    __builtin_prefetch(a);
-    if (!common) {
-      __builtin_prefetch(a + 64);
-      __builtin_prefetch(a + 128);
-    }
-  }
-  // The second way's first line (a miss, or a common key's hit, reads no
-  // more), and for another key the next two.
-  void prefetch_second(uint32_t hash, bool common) const {
-    const char* b = reinterpret_cast<const char*>(&e_[(hash >> kBits) & (kEntries - 1)]);
-    __builtin_prefetch(b);
-    if (!common) {
-      __builtin_prefetch(b + 64);
-      __builtin_prefetch(b + 128);
-    }
-  }
-  // A key goes into the first of its two ways that is free (or holds its
-  // hash). When both are taken, a key in one of them moves to its own other
-  // way if that is free, or that way's key moves on to its other way first
-  // (two moves at most, cuckoo hashing's first steps); only when neither
-  // frees a way is one of the two keys, chosen by the hash, evicted. With
-  // 10,000 keys in 16,384 entries, 96% of them keep an entry, where evicting
-  // at once keeps 89% (a simulation of snat-est-10k's traffic). Inserts
-  // are rare (one miss in emc_inv_prob_), but each move reads cold entries:
-  // with `move_keys` false (the worker bypasses the EMC: far more keys than
-  // entries, where moving only reshuffles) the insert evicts at once.
+  void prefetch(uint32_t hash, bool common) const { prefetch_entry(way(hash), common); }
+  // A key goes into its first way if that is free (or holds its hash), else
+  // into a free entry of its bucket. When all five are taken, a key in one
+  // of them moves to a free candidate of its own (found by the tags), or a
+  // key in one of those moves on first (cuckoo hashing's first steps); only
+  // when neither frees one is one of the five, chosen by the hash, evicted. Inserts are rare (one miss in
+  // emc_inv_prob_), but a move reads a cold entry: with `move_keys` false
+  // (the worker bypasses the EMC: far more keys than entries, where moving
+  // only reshuffles) the insert evicts at once.
   void insert(const Flow& key, uint32_t hash, Megaflow* mf, bool move_keys) {
-    const uint32_t a = hash & (kEntries - 1), b = (hash >> kBits) & (kEntries - 1);
-    uint32_t t;
-    if (!e_[a].mf || e_[a].hash == hash) t = a;
-    else if (!e_[b].mf || e_[b].hash == hash) t = b;
-    else if (!move_keys || !make_room(a, b, &t)) t = ((hash >> 2 * kBits) & 1) ? a : b;
+    const uint32_t a = way(hash), b = bucket(hash);
+    const uint16_t tag = tag_of(hash);
+    // (An entry is read only when its tag matches: in bypass the key may
+    // already have one, as the EMC was not looked up; other entries are cold.)
+    auto usable = [&](uint32_t i) { return !tags_[i] || (tags_[i] == tag && e_[i].hash == hash); };
+    uint32_t t = kNone;
+    if (usable(a)) t = a;
+    for (uint32_t k = 0; t == kNone && k < kBucket; k++)
+      if (usable(b + k)) t = b + k;
+    if (t == kNone && (!move_keys || !make_room(a, b, &t))) {
+      const uint32_t pick = (hash >> 28) % (kBucket + 1);
+      t = pick == kBucket ? a : b + pick;
+    }
     Entry& e = e_[t];
     const word_t* w = words(key);
     const bool c = common(w);
@@ -268,6 +282,7 @@ class Emc {
     e.mf = mf;
     e.stamp = static_cast<uint16_t>(((e.stamp + 2u) & ~1u) | (c ? 0u : 1u));
     e.side_tag = 0;
+    tags_[t] = tag_of(hash);
   }
   // Each insert into a slot changes its stamp: a slot with the stamp seen
   // earlier (within one batch: 15 bits of count) still holds the same key.
@@ -298,6 +313,7 @@ class Emc {
     for (uint32_t i = 0; i < kEntries; i++) {
       e_[i].mf = nullptr;
       e_[i].side_tag = 0;
+      tags_[i] = 0;
     }
   }
 
@@ -339,7 +355,9 @@ class Emc {
   // Entry layout and lookups against same_plain() on random keys of every
   // kind (common, other untracked, tracked), and common() against
   // common_plain(): the number of disagreements (tests/test_selftest.py).
+  // With it, placement: selftest_placement().
   static uint64_t selftest(uint64_t iterations, uint64_t seed);
+  static uint64_t selftest_placement(uint64_t seed);
 
  private:
   // Four lines, sixteen to a page. The first holds the hash, the megaflow
@@ -361,6 +379,24 @@ class Emc {
   static_assert(sizeof(Entry) == 256 && offsetof(Entry, side) == 224 && offsetof(Entry, rest) == 64,
                 "an entry is four lines: header and common words, the rest, side data last");
   HugeArray<Entry> e_;
+  HugeArray<uint16_t> tags_;  // per entry: tag_of() its key's hash, 0 when empty
+  static constexpr uint32_t kNone = ~0u;
+
+  static uint32_t way(uint32_t hash) { return hash & (kEntries - 1); }
+  static uint32_t bucket(uint32_t hash) { return (hash >> kBits) & (kEntries - kBucket); }
+  // Bits of the hash that neither index uses much (a bucket's keys share
+  // the bucket's bits), never 0.
+  static uint16_t tag_of(uint32_t hash) { return static_cast<uint16_t>((hash >> 16) ^ hash) | 1u; }
+  // The lines the compare of a key in entry i reads: the first for a common
+  // key, the first three for another untracked one.
+  void prefetch_entry(uint32_t i, bool common) const {
+    const char* a = reinterpret_cast<const char*>(&e_[i]);
+    __builtin_prefetch(a);
+    if (!common) {
+      __builtin_prefetch(a + 64);
+      __builtin_prefetch(a + 128);
+    }
+  }
 
   // Where an entry's side data is: a common key's in its second line, where
   // the rest of a key would be (a common key's rest is zero and is not
@@ -371,10 +407,6 @@ class Emc {
   }
   static const unsigned char* side_of(const Entry& e) { return side_of(const_cast<Entry&>(e)); }
 
-  uint32_t other_way(uint32_t slot) const {
-    const uint32_t h = e_[slot].hash, x = h & (kEntries - 1);
-    return x == slot ? (h >> kBits) & (kEntries - 1) : x;
-  }
   // A moved key keeps its megaflow, not its side data; both slots' stamps change.
   void move(uint32_t from, uint32_t to) {
     Entry& d = e_[to];
@@ -385,27 +417,42 @@ class Emc {
     d.mf = s.mf;
     d.stamp = static_cast<uint16_t>(((d.stamp + 2u) & ~1u) | (s.stamp & 1u));
     d.side_tag = 0;
+    tags_[to] = tags_[from];
   }
-  // Frees way a or b of a new key by moving what holds it (see insert()).
+  // A free candidate of the key in entry `i`, or kNone.
+  uint32_t free_candidate(uint32_t i) const {
+    const uint32_t h = e_[i].hash, a = way(h), b = bucket(h);
+    if (!tags_[a]) return a;
+    for (uint32_t k = 0; k < kBucket; k++)
+      if (!tags_[b + k]) return b + k;
+    return kNone;
+  }
+  // The candidates of a key whose first way is a and bucket b.
+  static uint32_t candidate(uint32_t a, uint32_t b, uint32_t k) { return k == 0 ? a : b + k - 1; }
+  // Frees a candidate of a new key (first way a, bucket b) by moving what
+  // holds it to a free candidate of its own, or else what holds one of
+  // those on first (two moves at most; see insert()).
   bool make_room(uint32_t a, uint32_t b, uint32_t* freed) {
-    const uint32_t way[2] = {a, b};
-    uint32_t next[2];
-    for (int k = 0; k < 2; k++) {
-      next[k] = other_way(way[k]);
-      if (!e_[next[k]].mf) {
-        move(way[k], next[k]);
-        *freed = way[k];
+    for (uint32_t k = 0; k <= kBucket; k++) {
+      const uint32_t i = candidate(a, b, k), to = free_candidate(i);
+      if (to != kNone) {
+        move(i, to);
+        *freed = i;
         return true;
       }
     }
-    for (int k = 0; k < 2; k++) {
-      if (next[k] == a || next[k] == b) continue;
-      const uint32_t last = other_way(next[k]);
-      if (!e_[last].mf) {
-        move(next[k], last);
-        move(way[k], next[k]);
-        *freed = way[k];
-        return true;
+    for (uint32_t k = 0; k <= kBucket; k++) {
+      const uint32_t i = candidate(a, b, k), h = e_[i].hash;
+      for (uint32_t q = 0; q <= kBucket; q++) {
+        const uint32_t j = candidate(way(h), bucket(h), q);
+        if (j == i || j == a || (j >= b && j < b + kBucket)) continue;
+        const uint32_t to = free_candidate(j);
+        if (to != kNone) {
+          move(j, to);
+          move(i, j);
+          *freed = i;
+          return true;
+        }
       }
     }
     return false;

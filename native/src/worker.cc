@@ -330,7 +330,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
 
   // Each key's first way, then the second way of those that missed it (the
   // second ways' lines fetched in between, all at once).
-  uint8_t second[kChunk];
+  uint8_t second[kChunk], cands[kChunk];
   uint32_t n_second = 0;
   auto hit = [&](uint32_t i, Megaflow* mf) {
     mfs[i] = mf;
@@ -348,13 +348,13 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     if (Megaflow* mf = emc_.lookup_first(keys[i], hashes[i], common[i], &slots[i])) {
       hit(i, mf);
     } else {
-      emc_.prefetch_second(hashes[i], common[i]);
+      cands[n_second] = static_cast<uint8_t>(emc_.second_candidates(hashes[i], common[i]));
       second[n_second++] = static_cast<uint8_t>(i);
     }
   }
   for (uint32_t k = 0; k < n_second; k++) {
     uint32_t i = second[k];
-    if (Megaflow* mf = emc_.lookup_second(keys[i], hashes[i], common[i], &slots[i])) hit(i, mf);
+    if (Megaflow* mf = emc_.lookup_second(keys[i], hashes[i], common[i], cands[k], &slots[i])) hit(i, mf);
     else miss[n_miss++] = static_cast<uint8_t>(i);
   }
   if (use_emc) {
