@@ -231,9 +231,10 @@ def test_emc_bypassed_while_it_misses_and_used_again_when_it_hits():
 
 
 def test_emc_keeps_ten_thousand_flows_by_moving_keys():
-    """10,000 flows in the 16,384-entry EMC (two ways a key): an insert whose two ways
-    are taken moves a key there to its other way when that (or the next key's other way)
-    is free, instead of evicting it. 96% of packets hit; evicting at once, 89%."""
+    """10,000 flows in the 16,384-entry EMC (five candidates a key: a first way and a
+    bucket of four): an insert whose candidates are all taken moves a key there to a free
+    candidate of its own (or that one's key on first) instead of evicting. Every flow keeps
+    an entry; with two candidates a key it was 96%, evicting at once 89%."""
     import numpy as np
     from dpu import gen
 
@@ -247,7 +248,7 @@ def test_emc_keeps_ten_thousand_flows_by_moving_keys():
     dp._core.bench(pkts.data.tobytes(), pkts.offsets, pkts.lengths, ports, 400_000)
     after = dp.stats()["pmd"]
     hits = (after["emc_hits"] - before["emc_hits"]) / (after["packets"] - before["packets"])
-    assert hits > 0.93, (hits, after)
+    assert hits > 0.999, (hits, after)
 
 
 @pytest.mark.parametrize("cut", range(0, 80, 3))
