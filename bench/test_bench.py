@@ -12,7 +12,7 @@ PACKETS = 2_000_000
 def test_pipeline_rate(benchmark, name):
     dp, pkts, ports, info = B.BUILDERS[name]()
     data = pkts.data.tobytes()
-    dp._core.bench(data, pkts.offsets, pkts.lengths, ports, max(2 * len(pkts), 200_000))  # warm the caches
+    dp._core.bench(data, pkts.offsets, pkts.lengths, ports, B.warm_up_packets(len(pkts)))  # let the caches settle
     benchmark.pedantic(dp._core.bench, args=(data, pkts.offsets, pkts.lengths, ports, PACKETS), rounds=5, iterations=1)
     mpps = PACKETS / benchmark.stats.stats.median / 1e6
     benchmark.extra_info.update(info)
