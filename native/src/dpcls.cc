@@ -101,7 +101,8 @@ uint64_t Emc::selftest(uint64_t iterations, uint64_t seed) {
     emc->insert(a, h, mf.get(), false);
     uint32_t slot = 0;
     const bool ca = common(wa);
-    if (!emc->lookup_first(a, h, ca, &slot) && !emc->lookup_second(a, h, ca, emc->second_candidates(h, ca), &slot)) {
+    if (!emc->lookup_first(a, h, ca, &slot) &&
+        !emc->lookup_second(a, h, ca, emc->second_candidates(h, ca), &slot)) {
       bad++;
       continue;
     }
@@ -125,7 +126,7 @@ uint64_t Emc::selftest(uint64_t iterations, uint64_t seed) {
 }
 
 // Placement: 10,000 common keys inserted into an empty EMC, with moves, all
-// keep an entry (the five candidates and the move make room for every one;
+// keep an entry (the five candidates and the moves make room for every one;
 // snat-est-10k relies on it) and each answers with its own megaflow; then
 // 30,000 more without moves (evicting), after which every key answers with
 // its own megaflow or not at all. The megaflows are never dereferenced.

@@ -254,10 +254,11 @@ class Emc {
   // into a free entry of its bucket. When all five are taken, a key in one
   // of them moves to a free candidate of its own (found by the tags), or a
   // key in one of those moves on first (cuckoo hashing's first steps); only
-  // when neither frees one is one of the five, chosen by the hash, evicted. Inserts are rare (one miss in
-  // emc_inv_prob_), but a move reads a cold entry: with `move_keys` false
-  // (the worker bypasses the EMC: far more keys than entries, where moving
-  // only reshuffles) the insert evicts at once.
+  // when neither frees one is one of the five, chosen by the hash, evicted.
+  // Inserts are rare (one miss in emc_inv_prob_), but a move reads a cold
+  // entry: with `move_keys` false (the worker bypasses the EMC: far more
+  // keys than entries, where moving only reshuffles) the insert evicts at
+  // once.
   void insert(const Flow& key, uint32_t hash, Megaflow* mf, bool move_keys) {
     const uint32_t a = way(hash), b = bucket(hash);
     const uint16_t tag = tag_of(hash);

@@ -65,7 +65,9 @@ inline void ct_key_set_v4(CtKey* k, uint32_t src, uint32_t dst, uint32_t ports, 
   std::memcpy(&k->sport, &tail, 8);
 }
 #else
-inline bool ct_key_eq(const CtKey& a, const CtKey& b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+inline bool ct_key_eq(const CtKey& a, const CtKey& b) {
+  return std::memcmp(&a, &b, sizeof a) == 0;
+}
 inline void ct_key_set_v4(CtKey* k, uint32_t src, uint32_t dst, uint32_t ports, uint16_t zone, uint8_t proto) {
   std::memset(k, 0, sizeof *k);
   k->src[0] = src;
