@@ -348,6 +348,29 @@ class Emc {
     return common_plain(w);
 #endif
   }
+  // The hash the EMC files `key` under (c: common(words(key))): a common
+  // key's over its six words only (the others are zero), in two CRC32C
+  // chains; another's, hash_key(). A key's kind is a function of the key,
+  // so it always gets the same one.
+  static uint32_t hash(const Flow& key, bool c) {
+#if defined(__SSE4_2__)
+    if (c) {
+      static_assert(kCommon[0] == 0 && kCommon[1] == 9 && kCommon[2] == 10 && kCommon[3] == 11 && kCommon[4] == 16 &&
+                        kCommon[5] == 18,
+                    "the six words, spelled out");
+      const word_t* w = words(key);
+      uint64_t a = __builtin_ia32_crc32di(0x5bd1e995u, w[0]), b = __builtin_ia32_crc32di(0x9e3779b9u, w[9]);
+      a = __builtin_ia32_crc32di(a, w[10]);
+      b = __builtin_ia32_crc32di(b, w[11]);
+      a = __builtin_ia32_crc32di(a, w[16]);
+      b = __builtin_ia32_crc32di(b, w[18]);
+      const uint64_t h = mix128(a ^ (b << 32), b ^ 0x165667b19e3779f9ull);
+      return static_cast<uint32_t>(h ^ (h >> 32));
+    }
+#endif
+    (void)c;
+    return hash_key(key);
+  }
   static bool common_plain(const word_t* w) {
     uint64_t d = 0;
     for (size_t k = 0; k < kRestHot; k++) d |= w[kRest[k]];
