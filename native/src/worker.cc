@@ -328,8 +328,8 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     t0 = t1;
   }
 
-  // Each key's first way, then the second way of those that missed it (the
-  // second ways' lines fetched in between, all at once).
+  // Each key's first way, then, for those that missed it, the entries of its
+  // bucket whose tags match (their lines fetched in between, all at once).
   uint8_t second[kChunk], cands[kChunk];
   uint32_t n_second = 0;
   auto hit = [&](uint32_t i, Megaflow* mf) {
