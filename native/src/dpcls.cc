@@ -97,7 +97,7 @@ uint64_t Emc::selftest(uint64_t iterations, uint64_t seed) {
       const size_t n = key_tracked(wa) ? kKeyWords : kKeyHotWords;
       wb[rnd() % n] ^= uint64_t{1} << (rnd() % 64);
     }
-    const uint32_t h = hash(a, common(wa));
+    const uint32_t h = hash(a);
     emc->insert(a, h, mf.get(), false);
     uint32_t slot = 0;
     const bool ca = common(wa);
@@ -149,7 +149,7 @@ uint64_t Emc::selftest_placement(uint64_t seed) {
     w[0] = 1 + rnd() % 4;  // the in_port
     w[16] = rnd();         // the addresses
     w[18] = i;             // the ports: every key distinct
-    hashes[i] = hash(keys[i], common(words(keys[i])));
+    hashes[i] = hash(keys[i]);
   }
   for (uint32_t i = 0; i < kKept; i++) emc->insert(keys[i], hashes[i], mf_of(i), true);
   for (uint32_t i = 0; i < kKept; i++) bad += find(i) != mf_of(i);

@@ -283,7 +283,7 @@ class Emc {
     e.mf = mf;
     e.stamp = static_cast<uint16_t>(((e.stamp + 2u) & ~1u) | (c ? 0u : 1u));
     e.side_tag = 0;
-    tags_[t] = tag_of(hash);
+    tags_[t] = tag;
   }
   // Each insert into a slot changes its stamp: a slot with the stamp seen
   // earlier (within one batch: 15 bits of count) still holds the same key.
@@ -371,6 +371,7 @@ class Emc {
     (void)c;
     return hash_key(key);
   }
+  static uint32_t hash(const Flow& key) { return hash(key, common(words(key))); }
   static bool common_plain(const word_t* w) {
     uint64_t d = 0;
     for (size_t k = 0; k < kRestHot; k++) d |= w[kRest[k]];

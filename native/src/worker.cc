@@ -387,7 +387,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       // A packet whose next pass after conntrack will be cached leaves the
       // EMC to the keys that still need it.
       if (next_random() % emc_inv_prob_ == 0 && !(pkts[i]->md.ct_state && pkts[i]->ct.resume))
-        emc_.insert(keys[i], use_emc ? hashes[i] : Emc::hash(keys[i], Emc::common(words(keys[i]))), mf, !emc_bypass_);
+        emc_.insert(keys[i], use_emc ? hashes[i] : Emc::hash(keys[i]), mf, !emc_bypass_);
     } else {
       up[n_up++] = static_cast<uint8_t>(i);
     }
@@ -425,7 +425,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       Flow wc = xo.wc;
       mf = dpcls_.insert(keys[i], wc, std::move(xo));
       mfs[i] = mf;
-      emc_.insert(keys[i], use_emc ? hashes[i] : Emc::hash(keys[i], Emc::common(words(keys[i]))), mf, !emc_bypass_);
+      emc_.insert(keys[i], use_emc ? hashes[i] : Emc::hash(keys[i]), mf, !emc_bypass_);
     } else {
       counters.upcall_no_install++;
       if (!trace_) dp_->credit(xo.xcache, 1, pkts[i]->len);
