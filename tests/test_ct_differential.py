@@ -1182,6 +1182,80 @@ def test_ct_resume_never_uses_a_flushed_connection():
     assert st["ports"]["p1"]["drops"]["policy"] == drops_before + 1
 
 
+@pytest.mark.parametrize("what, setter, match", [
+    ("mark", "set_field:7->ct_mark", "ct_mark=7"),
+    ("label", "set_field:0x10->ct_label", "ct_label=0x10/0x10"),
+])
+def test_ct_resume_follows_a_mark_or_label_changed_while_cached(what, setter, match):
+    """A reply's commit changes the connection's mark (or label) while a worker caches
+    the client's next pass, with no table change to flush the caches: the client's next
+    packet must take the pass its new mark selects. The cache trusts a connection whose
+    life count (conn.h) is unchanged, so a mark change that did not add to it would
+    resume the old pass (the original destination MAC), as seen with that step removed;
+    a label is also compared against the cached one."""
+    flows = [
+        "table=0,priority=10,ip,ct_state=-trk,actions=ct(table=1,zone=100,nat)",
+        "table=1,priority=10,in_port=p1,ip,ct_state=+trk+new,actions=ct(commit,zone=100,nat(src=203.0.113.10)),output:p2",
+        "table=1,priority=10,in_port=p1,ip,ct_state=+trk+est,actions=output:p2",
+        f"table=1,priority=20,in_port=p1,ip,ct_state=+trk+est,{match},actions=mod_dl_dst:02:00:00:00:00:77,output:p2",
+        "table=1,priority=10,in_port=p2,ip,ct_state=+trk+est+rpl,actions=output:p1",
+        f"table=1,priority=20,in_port=p2,ip,nw_tos=4,ct_state=+trk+est+rpl,actions=ct(commit,zone=100,exec({setter})),output:p1",
+        "table=1,priority=0,actions=drop(policy)",
+    ]
+    dp, _ = ct_build(flows, timeouts=CT_TIMEOUTS)
+    dp._core.set_emc_insert_inv_prob(1)
+    query = _eth() / IP(src=C1, dst=S1) / UDP(sport=40000, dport=53) / Raw(b"q")
+
+    def reply(tos=0):
+        return _eth(False) / IP(src=S1, dst=SNAT_IP, tos=tos) / UDP(sport=53, dport=40000) / Raw(b"r")
+
+    def send(port, pkt, t):
+        return [(o.port, Ether(o.data).dst) for o in dp.process([(port, bytes(pkt))], timestamps=[T0 + round(t * 1e9)])]
+
+    assert send("p1", query, 0) == [("p2", MAC_OUT)]
+    assert send("p2", reply(), 0.1) == [("p1", MAC_IN)]
+    for i in range(3):  # the second is cached, the third resumed
+        assert send("p1", query, 1 + i) == [("p2", MAC_OUT)]
+    resumed = dp.stats()["workers_total"]["ct_resumed"]
+    assert resumed >= 1
+    assert send("p2", reply(tos=4), 5) == [("p1", MAC_IN)]  # commits the new {what}
+    entry, = dp.conntrack()
+    assert (entry.mark == 7) if what == "mark" else (entry.label == 0x10)
+    assert send("p1", query, 6) == [("p2", "02:00:00:00:00:77")]
+    assert send("p1", query, 7) == [("p2", "02:00:00:00:00:77")]
+    assert dp.stats()["workers_total"]["ct_resumed"] == resumed + 1  # the new pass cached in its turn
+
+
+def test_ct_resume_checks_the_echo_identifier_the_key_does_not_name():
+    """Two pings from one host to one server with different identifiers have the same
+    flow key (ICMP's is its type and code), so they share an EMC entry and its cached
+    connection: the second identifier's request must still open a connection of its own,
+    translated with its own identifier, not resume the first's."""
+    flows = [
+        "table=0,priority=10,ip,ct_state=-trk,actions=ct(table=1,zone=100,nat)",
+        "table=1,priority=10,in_port=p1,ip,ct_state=+trk+new,actions=ct(commit,zone=100,nat(src=203.0.113.10)),output:p2",
+        "table=1,priority=10,in_port=p1,ip,ct_state=+trk+est,actions=output:p2",
+        "table=1,priority=10,in_port=p2,ip,ct_state=+trk+est+rpl,actions=output:p1",
+        "table=1,priority=0,actions=drop(policy)",
+    ]
+    dp, _ = ct_build(flows, timeouts=CT_TIMEOUTS)
+    dp._core.set_emc_insert_inv_prob(1)
+
+    def ping(ident, seq):
+        return _eth() / IP(src=C1, dst=S1) / ICMP(type=8, id=ident, seq=seq)
+
+    def send(port, pkt, t):
+        return [(o.port, ICMP(o.data[34:]).id) for o in dp.process([(port, bytes(pkt))], timestamps=[T0 + round(t * 1e9)])]
+
+    assert send("p1", ping(1, 1), 0) == [("p2", 1)]
+    assert send("p2", _eth(False) / IP(src=S1, dst=SNAT_IP) / ICMP(type=0, id=1, seq=1), 0.1) == [("p1", 1)]
+    for i in range(3):
+        assert send("p1", ping(1, 2 + i), 1 + i) == [("p2", 1)]
+    assert dp.stats()["workers_total"]["ct_resumed"] >= 1
+    assert send("p1", ping(2, 1), 5) == [("p2", 2)]
+    assert sorted(str(c).split("id=")[1].split(",")[0] for c in dp.conntrack()) == ["1", "2"]
+
+
 def test_ct_resume_never_uses_a_replaced_translation():
     """A worker caches a connection by its memory; when that memory holds a new
     connection with the same original tuple but another translation, the cached pass

@@ -123,7 +123,7 @@ static void store_result(Packet* p, const CtSpec& spec, const CtResult& r) {
 void Worker::ct_note_resume(Packet* p, uint32_t slot, uint32_t stamp, const CtResult& r) {
   if (!r.conn || (r.state & (kCsNew | kCsInvalid | kCsRelated)) || !(r.state & kCsEstablished)) return;
   if (resume_notes_.size() >= 0xffff) return;
-  resume_notes_.push_back(ResumeNote{p, slot, stamp, r.conn, r.mark, r.state, ct_xlat(r.conn->key[1 - r.dir]), r.label});
+  resume_notes_.push_back(ResumeNote{p, slot, stamp, r.conn, r.life, r.state, ct_xlat(r.conn->key[1 - r.dir]), r.label});
   p->ct.resume = static_cast<uint16_t>(resume_notes_.size());
 }
 
@@ -139,7 +139,7 @@ void Worker::ct_fill_resume(Packet* p, Megaflow* mf, const Flow& key) {
   CtResumeCold& cold = (*ct_resume_)[note.slot];
   cold.label = note.label;
   cold.key = key;
-  emc_.set_side(note.slot, CtResume::tag(note.state, note.label != 0), CtResume{note.conn, mf, note.mark, note.other});
+  emc_.set_side(note.slot, CtResume::tag(note.state, note.label != 0), CtResume{note.conn, mf, note.life, note.other});
 }
 
 // A next pass run by the stage: what pass() would have done with the packet
@@ -226,7 +226,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   auto fetch_node = [&](size_t j) {
     if (ct_kind_[j] == kKnown) {
       const CtResume& e = emc_.side<CtResume>(ct_jobs_[j].slot - 1);
-      Conntrack::prefetch_conn(e.conn);
+      __builtin_prefetch(e.conn);  // the line an IPv4 TCP or UDP packet reads (execute_known)
       __builtin_prefetch(e.mf);
     } else if (ct_kind_[j] == kLookup && ct_prep_[j].ok) {
       const CtPrep& pr = ct_prep_[j];
@@ -259,7 +259,8 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     if (j < n && ct_kind_[j] == kKnown) {
       const CtResume& e = emc_.side<CtResume>(job.slot - 1);
       known_tag = emc_.side_tag(job.slot - 1, job.stamp);
-      if (known_tag && ct.execute_known(*ctw_, job.p, *job.spec, e.conn, CtResume::dir_of(known_tag), e.other, now, &r))
+      if (known_tag &&
+          ct.execute_known(*ctw_, job.p, *job.spec, e.conn, CtResume::dir_of(known_tag), e.life, e.other, now, &r))
         known = &e;
       else ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);
     } else if (j < n && ct_kind_[j] == kCarried) {

@@ -187,11 +187,12 @@ struct WorkerCounters {
 // What every resumed packet reads is kept in the EMC entry itself (its side
 // data, on the page the hit has just read), its state and whether it has a
 // label in the entry's side tag; the label and the next pass's key, which
-// few packets read, in an array by slot.
+// few packets read, in an array by slot. The connection's life count (conn.h)
+// stands for its mark and label: unchanged, so are they.
 struct CtResume {
   Conn* conn;
   Megaflow* mf;
-  uint32_t mark;
+  uint32_t life;
   CtXlat other;  // the connection's other key (the translation)
   // The side tag: set, the state, and whether the result had a label.
   static uint16_t tag(uint8_t state, bool labelled) {
@@ -202,7 +203,7 @@ struct CtResume {
   // the state); `label` (of the cold part) is read only if the cached result
   // had one.
   bool same(const CtResult& r, uint16_t tag, const u128& label) const {
-    return r.conn == conn && r.state == static_cast<uint8_t>(tag) && r.mark == mark &&
+    return r.conn == conn && r.state == static_cast<uint8_t>(tag) && r.life == life &&
            ((tag & 0x100u) ? r.label == label : r.label == 0);
   }
 };
@@ -358,7 +359,7 @@ class Worker {
     Packet* p;
     uint32_t slot, stamp;
     Conn* conn;
-    uint32_t mark;
+    uint32_t life;
     uint8_t state;
     CtXlat other;
     u128 label;

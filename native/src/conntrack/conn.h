@@ -9,8 +9,11 @@
 // Lifetime: the keys, zone, protocol and NAT of a connection never change
 // once it is published; the mutable state (expiry, mark, label, protocol
 // state) is written under the connection's spinlock (TCP) or with single
-// atomic stores (UDP, ICMP). A connection unlinked from the table stays
-// readable until the epoch says no worker can still hold it (epoch.h).
+// atomic stores (UDP, ICMP). Its life count says whether it is in the
+// table and, to a worker that cached it, whether it is still the same
+// connection with the same mark and label. A connection unlinked from the
+// table stays readable until the epoch says no worker can still hold it
+// (epoch.h).
 #pragma once
 
 #include <atomic>
@@ -166,33 +169,42 @@ enum : uint8_t { kNatSrc = 1, kNatDst = 2 };
 
 struct NatMapping;
 
-// Three cache lines. The first two hold everything a packet of an
-// established connection reads or writes (keys, expiry, mark, flags, TCP
-// state), so the conntrack stage fetches two lines per packet; the third
-// holds what only insertion, removal and labelled connections touch. Expiry
-// reads the first line (expiry, liveness, the original key's zone) and the
-// third, so the sweep fetches those two.
+// Three cache lines. The first holds everything a packet of an established
+// connection reads or writes (expiry, mark, liveness, flags, TCP state): a
+// packet the worker's resume cache vouches for (execute_known(), IPv4 TCP or
+// UDP) reads nothing else. The keys fill the rest of the first line and the
+// second, so a packet looked up in the table reads two lines. The third holds
+// what only insertion, removal, expiry and labelled connections touch.
+// Expiry reads the first and the third (the zone is copied there), so the
+// sweep fetches those two.
 struct alignas(64) Conn {
-  // ---- line 0: per-packet state that expiry reads too -----------------------------
+  // ---- line 0: per-packet state -------------------------------------------------
   std::atomic<int64_t> expires{0};   // ns on the conntrack clock
   std::atomic<uint32_t> mark{0};
+  // Odd while the connection is not in the table (not yet inserted, or
+  // unlinked), even while it is. insert() and unlinking add 1, a change of
+  // the mark or the label adds 2, and the count goes on when the memory is
+  // reused (alloc()): a worker that saw a value and finds it again knows it
+  // is the same live connection, with the same mark and label.
+  std::atomic<uint32_t> life{1};
   uint8_t nat = 0;                   // kNatSrc / kNatDst
-  std::atomic<uint8_t> state{0};     // UDP/ICMP: 0 first, 1 seen both ways; TCP: unused
   std::atomic<uint8_t> lock{0};      // spinlock for TCP state, label and mark writes
-  std::atomic<uint8_t> dead{1};      // not in the table: not yet inserted (insert() clears it), or unlinked
-  // ---- lines 0-1: keys, immutable once published -----------------------------------
-  CtKey key[2];                      // [0] original, [1] reply (after NAT)
-  // ---- line 1: per-packet state ------------------------------------------------------
-  TcpTrack tcp{};
   uint8_t tmo = 0;                   // timeout class in use (CtTimeoutClass)
   std::atomic<uint8_t> labelled{0};  // a label was ever set (else label_hi/lo are zero, unread)
-  uint8_t owner = 0;                 // worker slot whose expiry wheel holds it
-  uint8_t pad = 0;
-  // ---- line 2: hash chains, label, NAT mapping --------------------------------------
+  TcpTrack tcp{};                    // TCP; UDP and ICMP keep their state in tcp.state[0] (other_state())
+  // ---- lines 0-1: keys, immutable once published -----------------------------------
+  CtKey key[2];                      // [0] original, [1] reply (after NAT)
+  // ---- line 2: hash chains, label, NAT mapping, expiry's own fields -----------------
   CtNode node[2];
   std::atomic<uint64_t> label_hi{0}, label_lo{0};  // the 128-bit ct_label
   NatMapping* mapping = nullptr;     // SNAT mapping this connection holds a reference on
+  uint16_t zone = 0;                 // key[0].zone, for expiry
+  uint8_t owner = 0;                 // worker slot whose expiry wheel holds it
 
+  bool dead(std::memory_order mo = std::memory_order_acquire) const { return life.load(mo) & 1u; }
+  // UDP and ICMP: 0 until a reply was seen, then 1 (single atomic stores).
+  uint8_t other_state() const { return __atomic_load_n(&tcp.state[0], __ATOMIC_RELAXED); }
+  void set_other_state(uint8_t v) { __atomic_store_n(&tcp.state[0], v, __ATOMIC_RELAXED); }
   void spin_lock() {
     while (lock.exchange(1, std::memory_order_acquire)) __builtin_ia32_pause();
   }
@@ -201,8 +213,9 @@ struct alignas(64) Conn {
   static Conn* of(const CtNode* n);
 };
 static_assert(sizeof(Conn) == 192, "a connection is three cache lines");
-static_assert(offsetof(Conn, pad) < 128 && offsetof(Conn, node) == 128, "a packet's fields are in the first two lines");
-static_assert(offsetof(Conn, dead) < 64 && offsetof(Conn, key[0].zone) < 64, "expiry reads lines 0 and 2 only");
+static_assert(offsetof(Conn, key) == 48 && offsetof(Conn, node) == 128,
+              "a known packet's fields in the first line, the keys up to the end of the second");
+static_assert(offsetof(Conn, owner) < 192 && offsetof(Conn, mapping) >= 128, "expiry reads lines 0 and 2 only");
 
 inline Conn* Conn::of(const CtNode* n) {
   return reinterpret_cast<Conn*>(reinterpret_cast<char*>(const_cast<CtNode*>(n - n->dir)) - offsetof(Conn, node));

@@ -263,7 +263,7 @@ bool Conntrack::insert(Conn* c, int64_t now, Conn** existing) {
     *existing = same;
     return false;
   }
-  c->dead.store(0, std::memory_order_release);  // published: keys, NAT and state are written
+  c->life.fetch_add(1, std::memory_order_release);  // published (even): keys, NAT and state are written
   link(&c->node[0], b0);
   link(&c->node[1], b1);
   unlock2(b0, b1);
@@ -273,22 +273,22 @@ bool Conntrack::insert(Conn* c, int64_t now, Conn** existing) {
 bool Conntrack::remove(Conn* c, CtReleases* later) {
   const uint32_t b0 = c->node[0].hash & mask_, b1 = c->node[1].hash & mask_;
   lock2(b0, b1);
-  if (c->dead.load(std::memory_order_relaxed)) {
+  if (c->dead(std::memory_order_relaxed)) {
     unlock2(b0, b1);
     return false;
   }
   unlink(&c->node[0], b0);
   unlink(&c->node[1], b1);
-  c->dead.store(1, std::memory_order_release);
+  c->life.fetch_add(1, std::memory_order_release);  // odd: out of the table
   unlock2(b0, b1);
   NatMapping* m = c->mapping;
   if (m) __atomic_store_n(&c->mapping, nullptr, __ATOMIC_RELAXED);  // read by the owner's expiry prefetch
   if (!later) {
-    release(c->key[0].zone);
+    release(c->zone);
     nat_.release(m);
     return true;
   }
-  const uint16_t zone = c->key[0].zone;
+  const uint16_t zone = c->zone;
   auto z = std::find_if(later->zones.begin(), later->zones.end(), [&](const auto& e) { return e.first == zone; });
   if (z == later->zones.end()) later->zones.push_back({zone, 1});
   else z->second++;
@@ -333,34 +333,51 @@ void Conntrack::refresh(Conn* c, int64_t now) const {
 }
 
 // ct(commit, exec(set_field:..->ct_mark, set_field:..->ct_label)).
+// A change of either adds 2 to the life count (conn.h), after the new value:
+// a worker that read the count before the mark and label, and finds it
+// unchanged, read the current ones. Writing the value a field already holds
+// changes nothing.
 void Conntrack::exec(Conn* c, const CtSpec& spec) const {
   if (!spec.set_mark && !spec.set_label) return;
   c->spin_lock();
+  bool changed = false;
   if (spec.set_mark) {
-    uint32_t m = c->mark.load(std::memory_order_relaxed);
-    c->mark.store((m & ~spec.mark_mask) | (spec.mark & spec.mark_mask), std::memory_order_relaxed);
+    const uint32_t m = c->mark.load(std::memory_order_relaxed);
+    const uint32_t v = (m & ~spec.mark_mask) | (spec.mark & spec.mark_mask);
+    changed |= v != m;
+    c->mark.store(v, std::memory_order_relaxed);
   }
   if (spec.set_label) {
-    u128 l = (static_cast<u128>(c->label_hi.load(std::memory_order_relaxed)) << 64) |
-             c->label_lo.load(std::memory_order_relaxed);
-    l = (l & ~spec.label_mask) | (spec.label & spec.label_mask);
-    c->label_hi.store(static_cast<uint64_t>(l >> 64), std::memory_order_relaxed);
-    c->label_lo.store(static_cast<uint64_t>(l), std::memory_order_relaxed);
+    const u128 l = (static_cast<u128>(c->label_hi.load(std::memory_order_relaxed)) << 64) |
+                   c->label_lo.load(std::memory_order_relaxed);
+    const u128 v = (l & ~spec.label_mask) | (spec.label & spec.label_mask);
+    changed |= v != l;
+    c->label_hi.store(static_cast<uint64_t>(v >> 64), std::memory_order_relaxed);
+    c->label_lo.store(static_cast<uint64_t>(v), std::memory_order_relaxed);
     c->labelled.store(1, std::memory_order_release);
   }
+  if (changed) c->life.fetch_add(2, std::memory_order_release);
   c->spin_unlock();
 }
 
-void Conntrack::fill_result(Conn* c, int dir, CtResult* r) const {
+void Conntrack::fill_result(Conn* c, int dir, CtResult* r, const CtPacket* cp, const CtXlat* other) const {
   r->conn = c;
   r->dir = static_cast<uint8_t>(dir);
+  r->life = c->life.load(std::memory_order_acquire);  // before the mark and the label (exec())
   r->mark = c->mark.load(std::memory_order_relaxed);
   r->label = 0;
   if (c->labelled.load(std::memory_order_acquire))  // else the third line is not read
     r->label = (static_cast<u128>(c->label_hi.load(std::memory_order_relaxed)) << 64) |
                c->label_lo.load(std::memory_order_relaxed);
   r->have_tuple = true;
-  r->orig = c->key[0];
+  if (!other) {
+    r->orig = c->key[0];
+  } else if (dir == 0) {  // the packet's own tuple (NAT rewrote its bytes, not cp->key)
+    r->orig = cp->key;
+  } else {  // key[0], as the translation the packet's key was paired with names it (IPv4)
+    const uint32_t ports = static_cast<uint32_t>(other->sport) | static_cast<uint32_t>(other->dport) << 16;
+    ct_key_set_v4(&r->orig, other->src, other->dst, ports, cp->key.zone, cp->key.proto);
+  }
 }
 
 Conn* Conntrack::alloc_chunk(std::vector<Conn*>* free_list) {
@@ -380,6 +397,7 @@ static bool build_conn(Conn* c, const CtPacket& cp, const NatRange& nat, bool dn
                        uint16_t dnat_port, NatTable& table, bool reachable, bool dry_run, uint16_t* drop) {
   c->key[0] = cp.key;
   c->key[1] = ct_key_reverse(cp.key);
+  c->zone = cp.key.zone;
   c->nat = 0;
   if (!cp.key.v6 && nat.type == kNatSrc) {
     uint32_t ea;
@@ -429,36 +447,39 @@ void Conntrack::hash_prep(CtPrep* pr) { pr->hash = ct_key_hash(pr->key); }
 // applied), and the result.
 __attribute__((always_inline)) inline void Conntrack::finish(const CtSpec& spec, CtPacket& cp, bool natted,
                                                               uint8_t prev_nat, Conn* c, int dir, bool dry_run,
-                                                              CtResult* r) const {
+                                                              CtResult* r, const CtXlat* other) const {
   if (spec.commit && !dry_run) exec(c, spec);
   if (natted) {
     r->state |= prev_nat;
   } else if (spec.nat && c->nat && !cp.key.v6) {
-    ct_nat_packet(*c, dir, &cp);
+    if (other) ct_nat_xlat(*other, &cp);
+    else ct_nat_packet(*c, dir, &cp);
     r->nat_applied = c->nat;
     r->state |= nat_flags(c->nat, dir);
     if (dry_run) r->after = ct_key_reverse(c->key[1 - dir]);
   }
-  fill_result(c, dir, r);
+  fill_result(c, dir, r, &cp, other);
 }
 
 // A packet of live connection c that is not an ICMP error (nor a forced
 // commit of its reply): its protocol's state, then the result and NAT.
 // False when the packet ends the connection and opens another (removed
 // here; decide_new() takes it). Inline, so that decide_plain(), which
-// knows most arguments, gets a copy without their tests.
+// knows most arguments, gets a copy without their tests. With `other`
+// (execute_known), the connection's keys are not read: the packet's tuple
+// has its protocol, `other` the translation (finish()).
 __attribute__((always_inline)) inline bool Conntrack::decide_existing(CtWorker& w, const CtSpec& spec, CtPacket& cp,
                                                                        bool natted, uint8_t prev_nat, Conn* c,
                                                                        int dir, int64_t now, bool dry_run,
-                                                                       CtResult* r) {
-  const CtProto& pr = ct_proto(c->key[0].proto);
+                                                                       CtResult* r, const CtXlat* other) {
+  const uint8_t proto = other ? cp.key.proto : c->key[0].proto;
+  const CtProto& pr = ct_proto(proto);
   CtUpdate u;
-  if (dry_run) {  // on a copy: a trace changes nothing
+  if (dry_run) {  // on a copy: a trace changes nothing (tcp holds UDP's and ICMP's state too)
     Conn tmp;
     tmp.tcp = c->tcp;
-    tmp.state.store(c->state.load(std::memory_order_relaxed), std::memory_order_relaxed);
     u = pr.update(&tmp, cp, dir == 1);
-  } else if (c->key[0].proto == kIpTcp) {
+  } else if (proto == kIpTcp) {
     c->spin_lock();
     u = pr.update(c, cp, dir == 1);
     c->spin_unlock();
@@ -477,7 +498,7 @@ __attribute__((always_inline)) inline bool Conntrack::decide_existing(CtWorker& 
   }
   r->state = static_cast<uint8_t>(kCsTracked | (u == CtUpdate::VALID_NEW ? kCsNew : kCsEstablished) |
                                  (dir ? kCsReplyDir : 0u));
-  finish(spec, cp, natted, prev_nat, c, dir, dry_run, r);
+  finish(spec, cp, natted, prev_nat, c, dir, dry_run, r, other);
   return true;
 }
 
@@ -486,9 +507,10 @@ __attribute__((always_inline)) inline bool Conntrack::decide_existing(CtWorker& 
 // folded away.
 __attribute__((always_inline)) inline void Conntrack::decide_plain(CtWorker& w, Packet* p, const CtSpec& spec,
                                                                     CtPacket& cp, Conn* c, int dir, int64_t now,
-                                                                    CtResult* r) {
+                                                                    CtResult* r, const CtXlat* other) {
   if (spec.commit && spec.force && dir == 1) decide(w, p, spec, cp, false, 0, c, dir, now, false, r);
-  else if (!decide_existing(w, spec, cp, false, 0, c, dir, now, false, r)) decide_new(w, p, spec, cp, now, false, r);
+  else if (!decide_existing(w, spec, cp, false, 0, c, dir, now, false, r, other))
+    decide_new(w, p, spec, cp, now, false, r);
 }
 
 void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r) {
@@ -511,20 +533,28 @@ void Conntrack::execute(CtWorker& w, Packet* p, const CtSpec& spec, CtPrep& pr, 
   else decide(w, p, spec, pr.cp, pr.natted, pr.prev_nat, c, dir, now, dry_run, r);
 }
 
-// Only for an untracked packet (no earlier ct translated it). The
-// connection was live when this worker entered its read section, or it was
-// published since (alloc() keeps a connection dead until insert()), so its
-// keys are stable and its memory not reused before CtWorker::end(); a key
-// equal to the packet's tuple, and an other key whose translation is
-// `other` (CtXlat), make it the connection lookup() would find, or one with
-// the same keys and translation.
-bool Conntrack::execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtXlat& other,
-                              int64_t now, CtResult* r) {
-  if (c->dead.load(std::memory_order_acquire) || c->expires.load(std::memory_order_relaxed) <= now) return false;
+// Only for an untracked packet (no earlier ct translated it). A life count
+// equal to the one the worker saw (even: in the table) makes `c` that same
+// connection, live now; from then on its memory is not reused before
+// CtWorker::end() (epoch.h), and its keys never change. For IPv4 TCP and UDP
+// the worker's cache vouches for the tuple: the EMC entry the packet hit
+// holds its flow key, which names the tuple (addresses, protocol, ports),
+// the megaflow names the zone, and the pair was cached from a packet that
+// found `c` in direction `dir`. An ICMP key does not name the echo
+// identifier, and IPv6 reads the keys for the result anyway: those compare
+// the keys, the packet's with key[dir] and key[1 - dir] with `other`.
+bool Conntrack::execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, uint32_t life,
+                              const CtXlat& other, int64_t now, CtResult* r) {
+  if (c->life.load(std::memory_order_acquire) != life || c->expires.load(std::memory_order_relaxed) <= now)
+    return false;
   CtPacket cp;
   if (!ct_extract(p, spec.zone, &cp) || cp.icmp_error) return false;
-  if (!ct_key_eq(c->key[dir], cp.key) || !ct_xlat_eq(c->key[1 - dir], other)) return false;
   r->reset();
+  if (!cp.key.v6 && (cp.key.proto == kIpTcp || cp.key.proto == kIpUdp)) {
+    decide_plain(w, p, spec, cp, c, dir, now, r, &other);
+    return true;
+  }
+  if (!ct_key_eq(c->key[dir], cp.key) || !ct_xlat_eq(c->key[1 - dir], other)) return false;
   decide_plain(w, p, spec, cp, c, dir, now, r);
   return true;
 }
@@ -533,7 +563,7 @@ bool Conntrack::execute_carried(CtWorker& w, Packet* p, const CtSpec& spec, CtPr
                                 int64_t now, bool dry_run, CtResult* r) {
   // An ICMP error is looked up by the tuple it quotes: the ordinary way.
   if (!pr.ok || pr.cp.icmp_error) return false;
-  if (c->dead.load(std::memory_order_acquire) || c->expires.load(std::memory_order_relaxed) <= now) return false;
+  if (c->dead() || c->expires.load(std::memory_order_relaxed) <= now) return false;
   // lookup() would find c by its key in direction dir, or, for a packet an
   // earlier ct of this zone translated, by the other one (and flip it).
   if (!ct_key_eq(c->key[pr.natted ? 1 - dir : dir], pr.key)) return false;
@@ -835,10 +865,13 @@ Conn* CtWorker::alloc() {
     }
   }
   unlock();
-  // Constructed dead (conn.h), never written 0 before insert() publishes
-  // it: a worker holding a stale pointer to this memory (execute_known) must
-  // not take it for a connection.
+  // Constructed dead (an odd life count, conn.h) and kept so until insert()
+  // publishes it, its count going on from its last use: a worker holding a
+  // stale pointer to this memory (execute_known) must not take it for a
+  // connection, least of all for the one it was.
+  const uint32_t life = c->life.load(std::memory_order_relaxed);
   new (c) Conn();
+  c->life.store(life | 1u, std::memory_order_relaxed);
   return c;
 }
 
@@ -912,7 +945,7 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
       tick_conns.pop_back();
       filed_--;
       budget--;
-      if (!c->dead.load(std::memory_order_acquire) && c->expires.load(std::memory_order_relaxed) > now) {
+      if (!c->dead() && c->expires.load(std::memory_order_relaxed) > now) {
         refile_.push_back(c);
         continue;
       }

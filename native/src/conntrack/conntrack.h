@@ -100,7 +100,7 @@ struct CtResult {
   void reset() {
     state = dir = 0;
     drop = DROP_NONE;
-    mark = 0;
+    mark = life = 0;
     label = 0;
     conn = nullptr;
     have_tuple = created = false;
@@ -110,6 +110,7 @@ struct CtResult {
   uint8_t dir = 0;              // the packet's direction in conn (0 original, 1 reply)
   uint16_t drop = DROP_NONE;    // the packet must be dropped, and why
   uint32_t mark = 0;
+  uint32_t life = 0;            // conn's life count, read before its mark and label (conn.h)
   u128 label = 0;
   Conn* conn = nullptr;         // the connection the packet belongs to, if any
   bool have_tuple = false;      // orig is the original-direction tuple
@@ -247,12 +248,18 @@ class Conntrack {
   void execute(CtWorker& w, Packet* p, const CtSpec& spec, int64_t now, bool dry_run, CtResult* r);
   // The stage for an untracked packet whose connection the worker remembers
   // (its cache of established connections, worker.h): `c` stands in for the
-  // lookup only if it is still live, its key in direction `dir` is the
-  // packet's tuple and its other key is the one `other` was taken from;
-  // then the packet gets exactly what execute() would give it. False: `c`
-  // is not the packet's connection and nothing was done.
-  bool execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, const CtXlat& other,
-                     int64_t now, CtResult* r);
+  // lookup only if its life count is still `life` (the same live
+  // connection; conn.h) and it has not expired, and, for a packet whose
+  // flow key does not name its tuple (ICMP; and IPv6, whose keys are read
+  // anyway), its key in direction `dir` is the packet's tuple and its other
+  // key the one `other` was taken from; then the packet gets exactly what
+  // execute() would give it. An IPv4 TCP or UDP packet's connection is
+  // vouched for by the cache (the EMC entry's key is its tuple), and then
+  // only the connection's first line is read: NAT and the original tuple
+  // come from `other`. False: `c` is not the packet's connection and
+  // nothing was done.
+  bool execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* c, uint8_t dir, uint32_t life,
+                     const CtXlat& other, int64_t now, CtResult* r);
   // The stage for a packet that an earlier ct put in connection `c` (in
   // direction `dir`; Packet::ct_conn), prepared without its hash: `c` stands
   // in for the lookup only if it is live and its key in that direction is
@@ -373,7 +380,7 @@ class Conntrack {
   template <class F>
   void for_each_node(const Bucket& b, F&& f) const;  // f(CtNode*), the bucket's entries and chain (writer's lock held)
   bool live(const Conn* c, int64_t now) const {
-    return !c->dead.load(std::memory_order_relaxed) && c->expires.load(std::memory_order_relaxed) > now;
+    return !c->dead(std::memory_order_relaxed) && c->expires.load(std::memory_order_relaxed) > now;
   }
   // Expiry's prefetches for a connection: the two buckets it is linked in
   // and its NAT mapping; then (the mapping fetched) the mapping's map slot.
@@ -394,7 +401,10 @@ class Conntrack {
   void release(uint16_t zone);
   Conn* create(CtWorker& w, const CtPacket& cp, const CtSpec& spec, const NatRange& nat, bool eif_target,
                uint32_t dnat_addr, uint16_t dnat_port, int64_t now, uint16_t* drop);
-  void fill_result(Conn* c, int dir, CtResult* r) const;
+  // The result's connection, mark, label and original tuple: from the
+  // connection's keys, or, with `other` (execute_known), from the packet's
+  // tuple and the other key's translation, without reading the keys.
+  void fill_result(Conn* c, int dir, CtResult* r, const CtPacket* cp = nullptr, const CtXlat* other = nullptr) const;
   // The decision for a packet once its connection (or none) is known:
   // decide_existing() for a live connection's packet (inline, specialised
   // by decide_plain() for execute() and execute_known()), decide_new() for
@@ -403,12 +413,12 @@ class Conntrack {
   void decide(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp, bool natted, uint8_t prev_nat, Conn* c,
               int dir, int64_t now, bool dry_run, CtResult* r);
   bool decide_existing(CtWorker& w, const CtSpec& spec, CtPacket& cp, bool natted, uint8_t prev_nat, Conn* c, int dir,
-                       int64_t now, bool dry_run, CtResult* r);
+                       int64_t now, bool dry_run, CtResult* r, const CtXlat* other = nullptr);
   void decide_new(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp, int64_t now, bool dry_run, CtResult* r);
   void finish(const CtSpec& spec, CtPacket& cp, bool natted, uint8_t prev_nat, Conn* c, int dir, bool dry_run,
-              CtResult* r) const;
+              CtResult* r, const CtXlat* other = nullptr) const;
   void decide_plain(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp, Conn* c, int dir, int64_t now,
-                    CtResult* r);
+                    CtResult* r, const CtXlat* other = nullptr);
   void sweep_others(const CtWorker* self, int64_t now, size_t budget);
   Conn* alloc_chunk(std::vector<Conn*>* free_list);
 

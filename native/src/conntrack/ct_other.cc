@@ -20,18 +20,18 @@ bool icmp_valid_new(const CtPacket& p) {
 }
 
 void udp_init(Conn* c, const CtPacket&) {
-  c->state.store(0, std::memory_order_relaxed);
+  c->set_other_state(0);
   c->tmo = TM_UDP;
 }
 
 void icmp_init(Conn* c, const CtPacket&) {
-  c->state.store(0, std::memory_order_relaxed);
+  c->set_other_state(0);
   c->tmo = TM_ICMP;
 }
 
 CtUpdate other_update(Conn* c, const CtPacket&, bool reply) {
-  if (reply && c->state.load(std::memory_order_relaxed) == 0) c->state.store(1, std::memory_order_relaxed);
-  return c->state.load(std::memory_order_relaxed) ? CtUpdate::VALID : CtUpdate::VALID_NEW;
+  if (reply && c->other_state() == 0) c->set_other_state(1);
+  return c->other_state() ? CtUpdate::VALID : CtUpdate::VALID_NEW;
 }
 
 const char* no_state(const Conn*) { return nullptr; }

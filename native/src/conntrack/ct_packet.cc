@@ -252,40 +252,43 @@ inline void apply_sum(uint8_t* c, uint64_t sum, bool udp) {
 
 }  // namespace
 
+void ct_nat_xlat(const CtXlat& o, CtPacket* cp) {
+  // The target tuple is the other key reversed (ct_key_reverse keeps an echo
+  // identifier in sport). The changed fields' RFC 1624 terms (~m + m') are
+  // summed 32 bits at a time (a ones'-complement sum does not depend on how
+  // its words are grouped), then each checksum is updated once: the IP
+  // header's by the addresses, the L4 one's by the addresses (pseudo-header)
+  // and the ports; ICMP's by the identifier alone.
+  const uint8_t proto = cp->key.proto;
+  uint8_t* ip = cp->l3;
+  uint64_t d_addr = 0;
+  replace_field(ip + 12, o.dst, &d_addr);
+  replace_field(ip + 16, o.src, &d_addr);
+  if (proto == kIpIcmp) {
+    uint64_t d_id = 0;
+    replace_word(cp->l4 + 4, o.sport, &d_id);  // echo identifier
+    apply_sum(cp->l4 + 2, d_id, false);
+  } else {
+    uint64_t d_l4 = d_addr;
+    // The header's ports are o's swapped: its sport and dport as one word,
+    // the halves exchanged (built in a register: two 16-bit stores read back
+    // as one word would stall on store forwarding).
+    uint32_t o_ports;
+    std::memcpy(&o_ports, &o.sport, 4);
+    replace_field(cp->l4, (o_ports >> 16) | (o_ports << 16), &d_l4);
+    bool udp = false;
+    if (uint8_t* l4c = l4_csum(proto, cp->l4, cp->l4_len, &udp)) apply_sum(l4c, d_l4, udp);
+  }
+  apply_sum(ip + 10, d_addr, false);
+}
+
 void ct_nat_packet(const Conn& c, int dir, CtPacket* cp) {
   if (cp->key.v6) return;  // no NAT66
   const CtKey& from = c.key[dir];
   const uint8_t proto = from.proto;
   const bool icmp = proto == kIpIcmp;
   if (!cp->icmp_error) {
-    // The target tuple is the other key reversed, read in place
-    // (ct_key_reverse keeps an echo identifier in sport). The changed
-    // fields' RFC 1624 terms (~m + m') are summed 32 bits at a time (a
-    // ones'-complement sum does not depend on how its words are grouped),
-    // then each checksum is updated once: the IP header's by the addresses,
-    // the L4 one's by the addresses (pseudo-header) and the ports; ICMP's by
-    // the identifier alone.
-    const CtKey& o = c.key[1 - dir];
-    uint8_t* ip = cp->l3;
-    uint64_t d_addr = 0;
-    replace_field(ip + 12, o.dst[0], &d_addr);
-    replace_field(ip + 16, o.src[0], &d_addr);
-    if (icmp) {
-      uint64_t d_id = 0;
-      replace_word(cp->l4 + 4, o.sport, &d_id);  // echo identifier
-      apply_sum(cp->l4 + 2, d_id, false);
-    } else {
-      uint64_t d_l4 = d_addr;
-      // The header's ports are o's swapped: its sport and dport as one
-      // word, the halves exchanged (built in a register: two 16-bit stores
-      // read back as one word would stall on store forwarding).
-      uint32_t o_ports;
-      std::memcpy(&o_ports, &o.sport, 4);
-      replace_field(cp->l4, (o_ports >> 16) | (o_ports << 16), &d_l4);
-      bool udp = false;
-      if (uint8_t* l4c = l4_csum(proto, cp->l4, cp->l4_len, &udp)) apply_sum(l4c, d_l4, udp);
-    }
-    apply_sum(ip + 10, d_addr, false);
+    ct_nat_xlat(ct_xlat(c.key[1 - dir]), cp);
     return;
   }
   const CtKey to = ct_key_reverse(c.key[1 - dir]);

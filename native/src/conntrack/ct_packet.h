@@ -53,5 +53,8 @@ bool ct_extract(Packet* p, uint16_t zone, CtPacket* out);
 // NAT for a packet of connection `c` travelling in direction `dir` (0 orig,
 // 1 reply); `cp` from ct_extract.
 void ct_nat_packet(const Conn& c, int dir, CtPacket* cp);
+// The same for an IPv4 packet that is not an ICMP error, from the
+// translation of c's other key (ct_xlat(c.key[1 - dir])) alone.
+void ct_nat_xlat(const CtXlat& o, CtPacket* cp);
 
 }  // namespace dpu
