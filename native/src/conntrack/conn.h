@@ -215,7 +215,10 @@ struct alignas(64) Conn {
 static_assert(sizeof(Conn) == 192, "a connection is three cache lines");
 static_assert(offsetof(Conn, key) == 48 && offsetof(Conn, node) == 128,
               "a known packet's fields in the first line, the keys up to the end of the second");
-static_assert(offsetof(Conn, owner) < 192 && offsetof(Conn, mapping) >= 128, "expiry reads lines 0 and 2 only");
+static_assert(offsetof(Conn, life) < 64 && offsetof(Conn, tcp) + sizeof(TcpTrack) <= offsetof(Conn, key),
+              "what execute_known reads of an IPv4 TCP or UDP connection is in the first line");
+static_assert(offsetof(Conn, mapping) >= 128 && offsetof(Conn, zone) >= 128 && offsetof(Conn, owner) >= 128,
+              "expiry reads lines 0 and 2 only");
 
 inline Conn* Conn::of(const CtNode* n) {
   return reinterpret_cast<Conn*>(reinterpret_cast<char*>(const_cast<CtNode*>(n - n->dir)) - offsetof(Conn, node));
