@@ -387,15 +387,10 @@ def _median(values: List[float]) -> float:
     return round(statistics.median(values), 3)
 
 
-def measure(rig: Rig, dut_factory, pcap: str, repeat: int) -> dict:
-    dut = dut_factory()
-    try:
-        runs = [rig.forwarded(pcap, busy=getattr(dut, "busy", None)) for _ in range(repeat)]
-    finally:
-        dut.close()
+def _summary(rig: Rig, runs: List[dict], cpus: List[int]) -> dict:
     res = {"mpps": _median([r["mpps"] for r in runs]), "offered_mpps": _median([r["offered_mpps"] for r in runs]),
-           "runs_mpps": [r["mpps"] for r in runs], "pinned": bool(dut.cpus), "gen_cpus": rig.gen_cpus,
-           "dut_cpus": dut.cpus}
+           "runs_mpps": [r["mpps"] for r in runs], "pinned": bool(cpus), "gen_cpus": rig.gen_cpus,
+           "dut_cpus": cpus}
     busy = [r["busy_ratio"] for r in runs if r.get("busy_ratio")]
     if busy:
         # The load at the forwarded rate, and the rate it points to at full load: an
@@ -406,37 +401,71 @@ def measure(rig: Rig, dut_factory, pcap: str, repeat: int) -> dict:
     return res
 
 
+def measure(rig: Rig, duts, pcap: str, repeat: int) -> dict:
+    """Each device under test in `duts` ((key, start) pairs; start() returns a running
+    device) measured `repeat` times in turns: every turn starts each device, measures it
+    once and stops it, the order reversed every other turn. Whatever drifts during the
+    run (the machine's speed, the generator's rate) then falls on every device alike,
+    and their ratios compare them on the same rig and traffic. Returns {key: summary},
+    or {key: BenchError} for a device that could not start."""
+    runs = {key: [] for key, _ in duts}
+    cpus = {}
+    failed = {}
+    for turn in range(repeat):
+        for key, start in (duts if turn % 2 == 0 else duts[::-1]):
+            if key in failed:
+                continue
+            try:
+                dut = start()
+            except (BenchError, DpuError) as e:
+                failed[key] = e
+                continue
+            try:
+                runs[key].append(rig.forwarded(pcap, busy=getattr(dut, "busy", None)))
+                cpus[key] = dut.cpus
+            finally:
+                dut.close()
+    return {key: failed[key] if key in failed else _summary(rig, runs[key], cpus[key]) for key, _ in duts}
+
+
 def run_live(name: str, repeat: int = 3, workers=(1, 2), io=("afpacket",), flows=FLOW_COUNTS, ovs: bool = False,
              burst: Optional[int] = None):
     """One result per (flows, io, workers) for dpu (and per (flows, port type) for OVS):
-    dicts with the JSON fields of ``dpu bench``. dpu takes `burst` frames a batch
-    (``dpu run --burst``; None: its default)."""
+    dicts with the JSON fields of ``dpu bench``, or with "error" for a device that could
+    not start (an I/O backend this machine lacks). dpu takes `burst` frames a batch
+    (``dpu run --burst``; None: its default). All of a flow count's devices are measured
+    on one rig, in turns (measure())."""
     scenario = LIVE_SCENARIOS[name]
     out = []
     with Rig(queues=max(workers)) as rig:
         for n_flows in flows:
             pcap = traffic(scenario, n_flows, os.path.join(rig.tmp, f"{scenario}-{n_flows}.pcap"))
             ceiling = rig.raw_ceiling(pcap)
-            for kind in io:
-                for w in workers:
-                    rig.set_queues(w)
-                    r = measure(rig, lambda: DpuRun(rig, scenario, w, kind, burst), pcap, repeat)
-                    out.append({"scenario": name, "dut": "dpu", "io": kind, "workers": w, "flows": n_flows,
-                                "burst": burst or _core.DEFAULT_BURST,
-                                "packet_size": 64, "repeat": repeat, "raw_ceiling_mpps": ceiling["mpps"],
-                                "ceiling_ratio": round(r["mpps"] / ceiling["mpps"], 3) if ceiling["mpps"] else None,
-                                **r})
-            if ovs:
+
+            def start_dpu(kind: str, w: int):
+                rig.set_queues(w)
+                return DpuRun(rig, scenario, w, kind, burst)
+
+            def start_ovs(ptype: str):
                 rig.set_queues(1)  # OVS reads one queue a port (options:n_rxq=1)
-                for ptype in ("system", "afxdp"):
-                    try:
-                        r = measure(rig, lambda: OvsRun(rig, scenario, ptype), pcap, repeat)
-                    except BenchError as e:
-                        out.append({"scenario": name, "dut": "ovs", "io": ptype, "flows": n_flows, "error": str(e)})
-                        continue
-                    out.append({"scenario": name, "dut": "ovs", "io": "afpacket" if ptype == "system" else ptype,
-                                "workers": 1, "flows": n_flows, "packet_size": 64, "repeat": repeat,
-                                "raw_ceiling_mpps": ceiling["mpps"], **r})
+                return OvsRun(rig, scenario, ptype)
+
+            duts = [(("dpu", kind, w), lambda kind=kind, w=w: start_dpu(kind, w)) for kind in io for w in workers]
+            if ovs:
+                duts += [(("ovs", ptype, 1), lambda ptype=ptype: start_ovs(ptype)) for ptype in ("system", "afxdp")]
+            results = measure(rig, duts, pcap, repeat)
+            for (dut, kind, w), r in results.items():
+                io_name = "afpacket" if kind == "system" else kind
+                if isinstance(r, Exception):
+                    out.append({"scenario": name, "dut": dut, "io": io_name, "flows": n_flows, "error": str(r)})
+                    continue
+                res = {"scenario": name, "dut": dut, "io": io_name, "workers": w, "flows": n_flows}
+                if dut == "dpu":
+                    res["burst"] = burst or _core.DEFAULT_BURST
+                res.update({"packet_size": 64, "repeat": repeat, "raw_ceiling_mpps": ceiling["mpps"]})
+                if dut == "dpu":
+                    res["ceiling_ratio"] = round(r["mpps"] / ceiling["mpps"], 3) if ceiling["mpps"] else None
+                out.append({**res, **r})
     return out
 
 
