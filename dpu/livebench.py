@@ -271,12 +271,16 @@ class DpuRun:
         self.proc = subprocess.Popen(rig.exec("dut", *rig.pinned(self.cpus, sys.executable, "-m", "dpu.cli", "run",
                                                                  *args)),
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        said = []  # what it wrote before it stopped: the reason it did not start
         while True:
             line = self.proc.stderr.readline()
             if not line:
-                raise BenchError(f"dpu run did not start: {self.proc.communicate()[1]}")
+                said += self.proc.communicate()[1].splitlines()
+                last = [x.strip() for x in said if x.strip()][-1:]  # its error line (after any usage text)
+                raise BenchError(f"dpu run did not start: {last[0] if last else 'no output'}")
             if line.startswith("dpu: forwarding on"):
                 break
+            said.append(line)
 
     def busy(self):
         """The forwarding workers' busy and busy + idle time so far (ns, summed)."""
