@@ -411,7 +411,8 @@ def measure(rig: Rig, duts, pcap: str, repeat: int) -> dict:
     once and stops it, the order reversed every other turn. Whatever drifts during the
     run (the machine's speed, the generator's rate) then falls on every device alike,
     and their ratios compare them on the same rig and traffic. Returns {key: summary},
-    or {key: BenchError} for a device that could not start."""
+    or {key: the error} for a device that failed to start in any turn (its other turns'
+    figures are not reported: half a series would not compare)."""
     runs = {key: [] for key, _ in duts}
     cpus = {}
     failed = {}
