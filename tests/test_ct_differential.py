@@ -1182,6 +1182,17 @@ def test_ct_resume_never_uses_a_flushed_connection():
     assert st["ports"]["p1"]["drops"]["policy"] == drops_before + 1
 
 
+# A source-NAT gateway whose client side (p1) and server side (p2) both take the
+# pass after conntrack from the worker's resume cache.
+SNAT_GATEWAY_FLOWS = [
+    "table=0,priority=10,ip,ct_state=-trk,actions=ct(table=1,zone=100,nat)",
+    "table=1,priority=10,in_port=p1,ip,ct_state=+trk+new,actions=ct(commit,zone=100,nat(src=203.0.113.10)),output:p2",
+    "table=1,priority=10,in_port=p1,ip,ct_state=+trk+est,actions=output:p2",
+    "table=1,priority=10,in_port=p2,ip,ct_state=+trk+est+rpl,actions=output:p1",
+    "table=1,priority=0,actions=drop(policy)",
+]
+
+
 @pytest.mark.parametrize("what, setter, match", [
     ("mark", "set_field:7->ct_mark", "ct_mark=7"),
     ("label", "set_field:0x10->ct_label", "ct_label=0x10/0x10"),
@@ -1193,14 +1204,9 @@ def test_ct_resume_follows_a_mark_or_label_changed_while_cached(what, setter, ma
     life count (conn.h) is unchanged, so a mark change that did not add to it would
     resume the old pass (the original destination MAC), as seen with that step removed;
     a label is also compared against the cached one."""
-    flows = [
-        "table=0,priority=10,ip,ct_state=-trk,actions=ct(table=1,zone=100,nat)",
-        "table=1,priority=10,in_port=p1,ip,ct_state=+trk+new,actions=ct(commit,zone=100,nat(src=203.0.113.10)),output:p2",
-        "table=1,priority=10,in_port=p1,ip,ct_state=+trk+est,actions=output:p2",
+    flows = SNAT_GATEWAY_FLOWS + [
         f"table=1,priority=20,in_port=p1,ip,ct_state=+trk+est,{match},actions=mod_dl_dst:02:00:00:00:00:77,output:p2",
-        "table=1,priority=10,in_port=p2,ip,ct_state=+trk+est+rpl,actions=output:p1",
         f"table=1,priority=20,in_port=p2,ip,nw_tos=4,ct_state=+trk+est+rpl,actions=ct(commit,zone=100,exec({setter})),output:p1",
-        "table=1,priority=0,actions=drop(policy)",
     ]
     dp, _ = ct_build(flows, timeouts=CT_TIMEOUTS)
     dp._core.set_emc_insert_inv_prob(1)
@@ -1231,14 +1237,7 @@ def test_ct_resume_checks_the_echo_identifier_the_key_does_not_name():
     flow key (ICMP's is its type and code), so they share an EMC entry and its cached
     connection: the second identifier's request must still open a connection of its own,
     translated with its own identifier, not resume the first's."""
-    flows = [
-        "table=0,priority=10,ip,ct_state=-trk,actions=ct(table=1,zone=100,nat)",
-        "table=1,priority=10,in_port=p1,ip,ct_state=+trk+new,actions=ct(commit,zone=100,nat(src=203.0.113.10)),output:p2",
-        "table=1,priority=10,in_port=p1,ip,ct_state=+trk+est,actions=output:p2",
-        "table=1,priority=10,in_port=p2,ip,ct_state=+trk+est+rpl,actions=output:p1",
-        "table=1,priority=0,actions=drop(policy)",
-    ]
-    dp, _ = ct_build(flows, timeouts=CT_TIMEOUTS)
+    dp, _ = ct_build(SNAT_GATEWAY_FLOWS, timeouts=CT_TIMEOUTS)
     dp._core.set_emc_insert_inv_prob(1)
 
     def ping(ident, seq):

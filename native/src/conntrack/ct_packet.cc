@@ -284,13 +284,13 @@ void ct_nat_xlat(const CtXlat& o, CtPacket* cp) {
 
 void ct_nat_packet(const Conn& c, int dir, CtPacket* cp) {
   if (cp->key.v6) return;  // no NAT66
-  const CtKey& from = c.key[dir];
-  const uint8_t proto = from.proto;
-  const bool icmp = proto == kIpIcmp;
   if (!cp->icmp_error) {
     ct_nat_xlat(ct_xlat(c.key[1 - dir]), cp);
     return;
   }
+  const CtKey& from = c.key[dir];
+  const uint8_t proto = from.proto;
+  const bool icmp = proto == kIpIcmp;
   const CtKey to = ct_key_reverse(c.key[1 - dir]);
   Patcher pt;
   // An ICMP error of direction `dir`: the outer header like any packet of
