@@ -1026,6 +1026,23 @@ def test_tcp_established_timeout():
         assert len(dp.conntrack()) == (1 if alive else 0)
 
 
+def test_each_packet_of_a_batch_is_tracked_at_its_own_time():
+    """One process() call over hours of capture time: the handshake's ACK,
+    2 ms after the SYN-ACK, shares a burst with the data sent after the idle
+    time (one input port per burst). It is tracked at its own time, so the
+    connection (240 s transitory until then) is alive for it; the data finds
+    it alive after 2 hours idle and gone after 2 h 5 min, as one packet per
+    call would."""
+    for idle, alive in ((2 * 3600, True), (2 * 3600 + 300, False)):
+        dp = tracking_dp()
+        pkts = [(port, pkt) for port, pkt, _, _ in HANDSHAKE] + [("a", _c2s("PA", 1001, 5001, b"x" * 10))]
+        ts = [T0 + i * SEC // 1000 for i in range(3)] + [T0 + int((0.002 + idle) * SEC)]
+        outs = dp.process(pkts, timestamps=ts)
+        got = [state([o for o in outs if o.index == i]) for i in range(4)]
+        assert got == [s for _, _, s, _ in HANDSHAKE] + ["+est+trk" if alive else "+inv+trk"], f"after {idle} s"
+        assert len(dp.conntrack()) == (1 if alive else 0)
+
+
 def test_tcp_transitory_timeout_after_close():
     dp = tracking_dp()
     for port, pkt, _, _ in HANDSHAKE:

@@ -185,9 +185,13 @@ bool Worker::ct_continue(Packet* p, const Megaflow* from, std::vector<Packet*>& 
 void Worker::conntrack_stage(std::vector<Packet*>& next) {
   Conntrack& ct = dp_->conntrack();
   ctw_->begin();
-  // The conntrack clock: monotonic, or the batch's newest packet timestamp
-  // when that is ahead (a replay follows its capture's time).
-  const int64_t now = ct.now(dp_->now_ns(), static_cast<int64_t>(max_ts_));
+  // The conntrack clock: monotonic, and in a replay its capture's time. A
+  // packet is tracked at its own time (its timestamp, when that is ahead of
+  // the clock): a batch of a sparse capture may span hours, and a packet
+  // must not find its connection expired by the time of a later packet of
+  // its batch. The clock moves to the batch's newest timestamp once the
+  // batch is done (Worker::process); expiry here runs at the clock.
+  const int64_t clock = ct.now(dp_->now_ns());
   const bool dry_run = trace_ != nullptr;
   // Memory latency is overlapped by a software pipeline over the batch's
   // jobs: a job is prepared and its bucket fetched kHeadAhead jobs before it
@@ -253,6 +257,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     if (__builtin_expect(j + kReplyAhead < n && ct_kind_[j + kReplyAhead] == kSnatNew, 0))
       ct.prefetch_snat_reply(ct_prep_[j + kReplyAhead], *ct_jobs_[j + kReplyAhead].spec);
     const CtJob job = ct_jobs_[j];
+    const int64_t now = std::max(clock, static_cast<int64_t>(job.p->md.timestamp_ns));
     CtResult r;
     const CtResume* known = nullptr;
     uint16_t known_tag = 0;
@@ -306,7 +311,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   ct_jobs_.clear();
   ct_keys_.clear();
   ctw_->end();
-  if (!dry_run) ctw_->sweep(now, budget);
+  if (!dry_run) ctw_->sweep(clock, budget);
 }
 
 }  // namespace dpu

@@ -156,9 +156,6 @@ void Worker::process(Batch& in) {
   resume_notes_.clear();
   max_ts_ = 0;
   for (uint32_t i = 0; i < n; i++) max_ts_ = std::max(max_ts_, in.pkts[i]->md.timestamp_ns);
-  // The conntrack clock follows every batch's timestamps, not only those of
-  // batches that reach a ct action: an ARP at t=60 in a replay moves it too.
-  if (max_ts_) dp_->conntrack().now(dp_->now_ns(), static_cast<int64_t>(max_ts_));
   std::vector<Packet*>& cur = cur_;
   std::vector<Packet*>& next = next_;
   cur.assign(in.pkts, in.pkts + n);
@@ -195,6 +192,11 @@ void Worker::process(Batch& in) {
     for (; lost; lost--) count_drop(i, DROP_NO_BUFFER);
   }
   if (__builtin_expect(drop_sink_ != nullptr, 0)) report_drops(n);
+  // The conntrack clock follows every batch's timestamps, not only those of
+  // batches that reach a ct action (an ARP at t=60 in a replay moves it
+  // too), once the batch is done: each of its packets was tracked at its
+  // own time (ct_stage.cc).
+  if (max_ts_) dp_->conntrack().now(dp_->now_ns(), static_cast<int64_t>(max_ts_));
   uint64_t t0 = profile_ ? cycles_now() : 0;
   flush_tx(recirculated_);
   if (profile_) counters.cycles[STAGE_TX] += cycles_now() - t0;
