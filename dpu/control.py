@@ -47,7 +47,7 @@ class ControlServer:
             s.bind(path)
         except OSError as e:
             s.close()
-            raise errors.LiveError(f"--ctl {path}: {e.strerror}") from None
+            raise errors.LiveError(f"--ctl {path}: {e.strerror or e}") from None
         finally:
             os.umask(old)
         os.chmod(path, 0o600)

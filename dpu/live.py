@@ -22,6 +22,7 @@ import errno
 import os
 import signal
 import socket
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -196,8 +197,10 @@ class Instance:
                 w = check_afxdp_queues(name, ifname, o.workers)
                 if w:
                     self.warnings.append(w)
+        if o.ctl:
+            check_ctl_path(os.fspath(o.ctl))
         if o.drops_pcap:
-            check_drops_path(os.fspath(o.drops_pcap))
+            check_drops_path(os.fspath(o.drops_pcap), [("topology file", o.config), ("flows file", o.flows)])
         if not _has_cap(CAP_NET_RAW):
             raise LiveError("dpu run needs root or CAP_NET_RAW to open its interfaces")
         for p in dp.port_info():
@@ -417,9 +420,14 @@ def run(opts: LiveOptions, out=None) -> int:
     return 0
 
 
-def check_drops_path(path: str) -> None:
+def check_drops_path(path: str, inputs: Sequence[Tuple[str, Optional[str]]] = ()) -> None:
     """A drops file dpu can create, checked before anything starts (the file
-    itself is created when the workers start)."""
+    itself is created when the workers start), and that is none of `inputs`
+    ((what, path): the topology, the flows file), which writing it would destroy."""
+    for what, given in inputs:
+        if given and os.path.exists(path) and os.path.exists(given) and os.path.samefile(path, given):
+            raise LiveError(f"{path}: writing the drops file would destroy the {what} {given}, an input "
+                            "(choose another --drops-pcap)")
     parent = os.path.dirname(os.path.abspath(path))
     err = 0
     if os.path.isdir(path):
@@ -432,9 +440,31 @@ def check_drops_path(path: str) -> None:
         raise LiveError(f"{path}: cannot write the drops file: {os.strerror(err)}")
 
 
+# sockaddr_un's sun_path: 108 bytes, the last one the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def check_ctl_path(path: str) -> None:
+    """Refuses, before anything starts, a control socket path that cannot be
+    one: too long, or an existing file that is not a socket (dpu never
+    removes one)."""
+    n = len(os.fsencode(path))
+    if n > MAX_SOCKET_PATH:
+        raise LiveError(f"--ctl {path}: too long for a unix socket ({n} bytes; at most {MAX_SOCKET_PATH})")
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISSOCK(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a file that is not a socket"
+        raise LiveError(f"--ctl {path}: is {kind} (dpu replaces only a stale socket; choose another --ctl)")
+
+
 def socket_path_ok(path: str) -> None:
-    """Refuses a control socket path where another dpu answers; removes a stale one."""
-    if os.path.exists(path):
+    """Refuses a control socket path check_ctl_path() refuses or where
+    another dpu answers; removes a stale socket."""
+    check_ctl_path(path)
+    if os.path.lexists(path):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.connect(path)

@@ -389,6 +389,25 @@ def test_errors_before_start_are_one_line(lab, tmp_path):
         assert r.returncode != 0 and len(lines) == 1, (what, r.stderr)
         assert text in r.stderr and "Traceback" not in r.stderr, (what, r.stderr)
         assert not os.path.exists(ctl), what
+    # Outputs that would destroy an input or a file: refused, the file intact.
+    kept = tmp_path / "topo.yaml"
+    kept.write_text(open(topo).read())
+    regular = tmp_path / "regular.ctl"
+    regular.write_text("keep me\n")
+    long_ctl = str(tmp_path / ("x" * 120 + ".ctl"))
+    cases = {
+        "drops file is the topology": (["--drops-pcap", str(kept), "--ctl", ctl],
+                                       f"{kept}: writing the drops file would destroy the topology file {kept}"),
+        "ctl is a regular file": (["--ctl", str(regular)], f"--ctl {regular}: is a file that is not a socket"),
+        "ctl is the topology": (["--ctl", str(kept)], f"--ctl {kept}: is a file that is not a socket"),
+        "ctl too long": (["--ctl", long_ctl], f"--ctl {long_ctl}: too long for a unix socket"),
+    }
+    for what, (args, text) in cases.items():
+        r = lab.run_dpu("--config", str(kept), "--port", "vm1=vm1", *args)
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, (what, r.stderr)
+        assert text in r.stderr and "Traceback" not in r.stderr, (what, r.stderr)
+        assert kept.read_text() == open(topo).read() and regular.read_text() == "keep me\n", what
+        assert not os.path.exists(ctl) and not os.path.exists(long_ctl), what
     ip(lab.ns["dpu"], "link", "set", "vm2", "down")
     try:
         r = lab.run_dpu("--config", topo, "--port", "vm2=vm2", "--ctl", ctl)
