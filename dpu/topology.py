@@ -942,6 +942,22 @@ def _ipv4(v: _V, value: Any, path: str) -> ipaddress.IPv4Address:
     return v.ip(value, path, 4)
 
 
+# Ranges no public address may be in (RFC 6890): an address there cannot be
+# reached from the internet, and the internet port would answer ARP for it.
+_NOT_PUBLIC = [(ipaddress.IPv4Network(n), what) for n, what in (
+    ("0.0.0.0/8", "in 'this network' (0.0.0.0/8)"), ("127.0.0.0/8", "a loopback address"),
+    ("169.254.0.0/16", "a link-local address"), ("224.0.0.0/4", "a multicast address"),
+    ("240.0.0.0/4", "a reserved address (240.0.0.0/4, the broadcast address included)"))]
+
+
+def _public_kind(v: _V, lo: ipaddress.IPv4Address, hi: ipaddress.IPv4Address, path: str) -> None:
+    """Refuses a public address (or pool lo-hi) in a range no public address may be in."""
+    for net, what in _NOT_PUBLIC:
+        if int(lo) <= int(net.broadcast_address) and int(net.network_address) <= int(hi):
+            first = max(int(lo), int(net.network_address))
+            v.fail(path, f"{ipaddress.IPv4Address(first)} is {what}, not a public address")
+
+
 def _snat_pool(snat: Any, path: str, v: _V) -> Tuple[ipaddress.IPv4Address, ipaddress.IPv4Address]:
     if isinstance(snat, ipaddress.IPv4Address):
         snat = str(snat)
@@ -969,9 +985,13 @@ def _nat_section(v: _V, n: Any, np: str, tname: Any, nets: List[ipaddress.IPv4Ne
     def public(addr, path):
         if any(addr in net for net in nets):
             v.fail(path, f"{addr} is inside tenant {tname}'s own subnets, not a public address")
+        _public_kind(v, addr, addr, path)
         return addr
 
     pool = v.req(n, "snat", f"{np}.snat", _snat_pool, v)
+    if pool is not _BAD:
+        with v.guard:
+            _public_kind(v, pool[0], pool[1], f"{np}.snat")
     if pool is not _BAD:   # the pool's first address inside one of the tenant's subnets
         lo, hi = int(pool[0]), int(pool[1])
         inside = [max(lo, int(net.network_address)) for net in nets
@@ -981,6 +1001,7 @@ def _nat_section(v: _V, n: Any, np: str, tname: Any, nets: List[ipaddress.IPv4Ne
                 public(ipaddress.IPv4Address(min(inside)), f"{np}.snat")
     floating = []
     seen_private: Dict[Any, str] = {}
+    seen_public: Dict[Any, str] = {}
     for i, f in enumerate(v.collection(n, "floating", f"{np}.floating", list, "a list of {private, public}") or []):
         fp = f"{np}.floating[{i}]"
         with v.guard:
@@ -994,6 +1015,9 @@ def _nat_section(v: _V, n: Any, np: str, tname: Any, nets: List[ipaddress.IPv4Ne
             if priv in seen_private:
                 v.fail(f"{fp}.private", f"{priv} already has a floating address ({seen_private[priv]})")
             seen_private[priv] = fp
+            if pub in seen_public:
+                v.fail(f"{fp}.public", f"{pub} is already the floating address of {seen_public[pub]}")
+            seen_public[pub] = f"{priv} ({fp})"
             if pool is not _BAD and int(pool[0]) <= int(pub) <= int(pool[1]):
                 v.fail(f"{fp}.public", f"{pub} is in the tenant's snat pool; a floating address needs its own")
             floating.append((priv, pub))
@@ -1346,6 +1370,12 @@ def _compile_nat(topo: Topology, t: Tenant, add) -> None:
     add((f"table={T_INET_IN_CT},priority=50,{ck},{md},ct_state=+trk,ip,actions=goto_table:{T_INET_IN_ROUTE}", sec))
 
     sec = f"table {T_INET_IN_ROUTE}: {tname}: inbound, routed to the machine"
+    for p, ep in t.ports.items():
+        # Hairpinned back to the machine it came from (one reaching its own
+        # public address or forward): out the port it came in on (in_port),
+        # as a Linux NAT router sends it back.
+        add((f"table={T_INET_IN_ROUTE},priority=110,{ck},{md},in_port={p},ip,nw_dst={ep.ip},"
+             f"actions=mod_dl_src:{t.gateway_mac},mod_dl_dst:{ep.mac},dec_ttl,in_port", sec))
     for ep in list(t.ports.values()) + t.remote:
         add((f"table={T_INET_IN_ROUTE},priority=100,{ck},{md},ip,nw_dst={ep.ip},actions=mod_dl_src:{t.gateway_mac},"
              f"mod_dl_dst:{ep.mac},dec_ttl,resubmit(,{T_L2})", sec))

@@ -278,6 +278,30 @@ def test_hairpin_to_own_forward(dp):
     assert (back[IP].src, back[TCP].sport, back[IP].dst, back[TCP].dport) == (BLUE_SNAT, 8080, VM1_IP, 41000)
 
 
+def test_machine_reaches_its_own_floating_address_and_forward(dp):
+    """vm2 (floating BLUE_FLOATING, forward BLUE_SNAT:8080 -> vm2:80) reaching
+    its own public addresses: the packet comes back out vm2's own port with
+    the public address as source (a Linux NAT router's hairpin), and the
+    reply goes back the same way."""
+    pkt = from_vm(VM2_MAC, VM2_IP, BLUE_FLOATING, UDP(sport=7200, dport=53) / Raw(b"me"))
+    for _ in range(2):  # the second packet finds the connections the first made
+        inb = one(dp.process(pkt, in_port="vm2"), "vm2")
+        assert (inb[Ether].src, inb[Ether].dst) == (GW_MAC, VM2_MAC)
+        assert (inb[IP].src, inb[UDP].sport, inb[IP].dst, inb[UDP].dport) == (BLUE_FLOATING, 7200, VM2_IP, 53)
+        assert_checksums(inb)
+    back = one(dp.process(from_vm(VM2_MAC, VM2_IP, BLUE_FLOATING, UDP(sport=53, dport=7200)), in_port="vm2"), "vm2")
+    assert (back[IP].src, back[UDP].sport, back[IP].dst, back[UDP].dport) == (BLUE_FLOATING, 53, VM2_IP, 7200)
+    syn = one(dp.process(from_vm(VM2_MAC, VM2_IP, BLUE_SNAT, TCP(sport=41000, dport=8080, flags="S")), in_port="vm2"),
+              "vm2")
+    assert (syn[IP].src, syn[IP].dst, syn[TCP].dport) == (BLUE_FLOATING, VM2_IP, 80)
+    sa = one(dp.process(from_vm(VM2_MAC, VM2_IP, BLUE_FLOATING, TCP(sport=80, dport=syn[TCP].sport, flags="SA")),
+                        in_port="vm2"), "vm2")
+    assert (sa[IP].src, sa[TCP].sport, sa[IP].dst, sa[TCP].dport) == (BLUE_SNAT, 8080, VM2_IP, 41000)
+    assert drops(dp, "blue") == {}
+    # A frame vm2 switches to its own MAC is still never sent back to it.
+    assert dp.process(Ether(src=VM2_MAC, dst=VM2_MAC) / IP(src=VM2_IP, dst=VM2_IP) / UDP(), in_port="vm2") == []
+
+
 # ---- ARP, tenants without NAT, zones ----------------------------------------------------------------
 
 
@@ -380,6 +404,19 @@ BAD = [
      "tenants.blue.nat.floating[0].private", "not an endpoint"),
     ("public address inside the tenant's subnets", "blue", {"snat": "10.0.0.200"}, "tenants.blue.nat.snat",
      "inside tenant blue's own subnets"),
+    ("one floating address for two machines", "blue",
+     {"snat": "203.0.113.10", "floating": [{"private": VM2_IP, "public": "203.0.113.12"},
+                                           {"private": VM1_IP, "public": "203.0.113.12"}]},
+     "tenants.blue.nat.floating[1].public", "203.0.113.12 is already the floating address of 10.0.1.12"),
+    ("broadcast snat address", "blue", {"snat": "255.255.255.255"}, "tenants.blue.nat.snat", "not a public address"),
+    ("reserved floating address", "blue",
+     {"snat": "203.0.113.10", "floating": [{"private": VM2_IP, "public": "240.0.0.1"}]},
+     "tenants.blue.nat.floating[0].public", "240.0.0.1 is a reserved address"),
+    ("loopback forward address", "blue",
+     {"snat": "203.0.113.10", "forwards": [{"proto": "tcp", "public": "127.0.0.1", "port": 1, "to": VM1_IP}]},
+     "tenants.blue.nat.forwards[0].public", "127.0.0.1 is a loopback address"),
+    ("pool reaching into loopback", "blue", {"snat": "126.255.255.254-127.0.0.1"}, "tenants.blue.nat.snat",
+     "127.0.0.0 is a loopback address"),
     ("unknown key", "blue", {"snat": "203.0.113.10", "masquerade": True}, "tenants.blue.nat.masquerade", "unknown key"),
     ("bad filtering", "blue", {"snat": "203.0.113.10", "filtering": "full-cone"}, "tenants.blue.nat.filtering",
      "not endpoint-independent"),
