@@ -154,6 +154,8 @@ class Transaction:
         self.nat_static: Optional[List[tuple]] = None
         self.create_ports = create_ports
         self.result: Optional[dict] = None
+        # (first op, (line, text) in op order, file) of each add_numbered()
+        self._numbered: List[Tuple[int, List[Tuple[int, str]], str]] = []
 
     # ports
     def add_port(self, name: str, ofport: int = 0) -> None:
@@ -172,6 +174,19 @@ class Transaction:
     def add_flows(self, flows: Union[str, Iterable[str]]) -> None:
         for f in _flow_lines(flows):
             self.ops.append(("add_flow", f))
+
+    def add_numbered(self, numbered: Sequence[Tuple[int, str]], path: Optional[str] = None) -> int:
+        """The groups, then the flows, of (line number, text) pairs read from
+        ``path`` (a flows file: read_flows_file()); an error about one of them
+        names the file and its line. Returns the number of flows."""
+        order = [(n, f) for n, f in numbered if f.startswith("group_id=")]
+        n_groups = len(order)
+        order += [(n, f) for n, f in numbered if not f.startswith("group_id=")]
+        if path is not None:
+            self._numbered.append((len(self.ops) + 1, order, path))
+        for _, f in order:
+            self.ops.append(("add_group" if f.startswith("group_id=") else "add_flow", f))
+        return len(order) - n_groups
 
     def mod_flows(self, flow: str, strict: bool = False) -> None:
         self.ops.append(("mod_flows_strict" if strict else "mod_flows", flow))
@@ -205,8 +220,18 @@ class Transaction:
         self.nat_static = [tuple(m) for m in mappings]
 
     def commit(self) -> dict:
-        self.result = self._dp._core.apply(self.add_ports, self.del_ports, self.ops, self.tenants, self.create_ports,
-                                           self.ct_zones, self.nat_static)
+        try:
+            self.result = self._dp._core.apply(self.add_ports, self.del_ports, self.ops, self.tenants,
+                                               self.create_ports, self.ct_zones, self.nat_static)
+        except DpuError as e:
+            # e.line: the op that failed (1-based); a lone op's error may not say.
+            index = e.line if e.line is not None else (1 if len(self.ops) == 1 else None)
+            for first, order, path in self._numbered:
+                if index is not None and first <= index < first + len(order):
+                    e.line = order[index - first][0]
+                    e.file = path
+                    e.args = (_relocate(e, path),)
+            raise
         return self.result
 
     def __enter__(self) -> "Transaction":
@@ -346,13 +371,16 @@ class Dataplane:
         dp.load_topology(topology, flows=flows)
         return dp
 
-    def load_topology(self, topology: Any, flows: Union[None, str, Iterable[str]] = None) -> dict:
+    def load_topology(self, topology: Any, flows: Union[None, str, Iterable[str]] = None,
+                      flows_file: Union[None, str, os.PathLike] = None) -> dict:
         """Loads (or reloads) a topology (a YAML path, text, dict, or a loaded
         Topology) in one atomic transaction. The previously compiled flows and
         groups are replaced; flows the user added (other cookies) stay, and
-        ``flows`` are added on top. Ports the new topology no longer has are
-        removed; a changed uplink is reconfigured; conntrack zones (quotas,
-        filtering) and port forwards are replaced with the flows."""
+        ``flows`` are added on top, then the flows and groups of ``flows_file``
+        (as :meth:`load_flows` reads it: its errors name the file and line).
+        Ports the new topology no longer has are removed; a changed uplink is
+        reconfigured; conntrack zones (quotas, filtering) and port forwards are
+        replaced with the flows."""
         import gc
 
         from .topology import Topology, compile_topology, load_topology
@@ -362,13 +390,16 @@ class Dataplane:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
+            numbered = read_flows_file(flows_file) if flows_file is not None else []
             topo = topology if isinstance(topology, Topology) else load_topology(topology)
-            return self._apply_compiled(compile_topology(topo), flows)
+            return self._apply_compiled(compile_topology(topo), flows, numbered,
+                                        os.fspath(flows_file) if flows_file is not None else None)
         finally:
             if gc_was_enabled:
                 gc.enable()
 
-    def _apply_compiled(self, comp: Any, extra_flows: Union[None, str, Iterable[str]]) -> dict:
+    def _apply_compiled(self, comp: Any, extra_flows: Union[None, str, Iterable[str]],
+                        numbered: Sequence[Tuple[int, str]] = (), path: Optional[str] = None) -> dict:
         from .topology import TOPOLOGY_COOKIE, TOPOLOGY_COOKIE_MASK
 
         old = self.topology
@@ -397,6 +428,7 @@ class Dataplane:
             t.add_flow(text)
         if extra_flows:
             t.add_flows(_flow_lines(extra_flows))
+        t.add_numbered(numbered, path)
         t.set_tenants(comp.tenants)
         t.set_ct_zones(comp.ct_zones)
         t.set_nat_static(comp.nat_static)
@@ -475,24 +507,10 @@ class Dataplane:
                             create_ports: bool = False) -> int:
         """:meth:`load_flows` for (line number, text) pairs already read from
         ``path`` (named in errors; the control socket's add-flows)."""
-        groups = [(n, f) for n, f in numbered if f.startswith("group_id=")]
-        flows = [(n, f) for n, f in numbered if not f.startswith("group_id=")]
-        order = groups + flows
         t = self.transaction(create_ports=create_ports)
-        for _, g in groups:
-            t.add_group(g)
-        for _, f in flows:
-            t.add_flow(f)
-        try:
-            t.commit()
-        except DpuError as e:
-            index = e.line if e.line is not None else (1 if len(order) == 1 else None)
-            if path is not None and index is not None and 0 < index <= len(order):
-                e.line = order[index - 1][0]
-                e.file = path
-                e.args = (_relocate(e, path),)
-            raise
-        return len(flows)
+        n = t.add_numbered(numbered, path)
+        t.commit()
+        return n
 
     def mod_flows(self, flow: str, strict: bool = False) -> int:
         with self.transaction() as t:

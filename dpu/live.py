@@ -178,7 +178,7 @@ class Instance:
             from .topology import load_topology
 
             self.topology = load_topology(o.config)
-            dp.load_topology(self.topology, flows=self._extra_flows())
+            dp.load_topology(self.topology, flows_file=self.opts.flows)
             known = set(dp.ports)
             for name, ifname in o.ports:
                 if name not in known:
@@ -226,11 +226,6 @@ class Instance:
         except Exception:
             self.close()
             raise
-
-    def _extra_flows(self) -> Optional[List[str]]:
-        if not self.opts.flows:
-            return None
-        return [text for _, text in read_flows_file(self.opts.flows)]
 
     # ---- running --------------------------------------------------------------------
     def start(self) -> None:
@@ -306,7 +301,7 @@ class Instance:
                 old = self.topology
                 self.topology = topo
                 try:
-                    res = self.dp.load_topology(self.effective_topology(), flows=self._extra_flows())
+                    res = self.dp.load_topology(self.effective_topology(), flows_file=self.opts.flows)
                 except DpuError:
                     self.topology = old
                     raise
@@ -317,16 +312,10 @@ class Instance:
                 if missing:
                     out["detached"] = missing
                 return out
-            numbered = read_flows_file(self.opts.flows)
             t = self.dp.transaction()
             t.del_flows("")
             t.del_groups("")
-            for _, f in numbered:
-                if f.startswith("group_id="):
-                    t.add_group(f)
-            for _, f in numbered:
-                if not f.startswith("group_id="):
-                    t.add_flow(f)
+            t.add_numbered(read_flows_file(self.opts.flows), os.fspath(self.opts.flows))
             return t.commit()
 
     def set_resolved(self, which: str, mac: Optional[str]) -> None:
@@ -338,7 +327,7 @@ class Instance:
                 self.resolved.pop(which, None)
             else:
                 self.resolved[which] = mac
-            self.dp.load_topology(self.effective_topology(), flows=self._extra_flows())
+            self.dp.load_topology(self.effective_topology(), flows_file=self.opts.flows)
 
     # ---- what is running ----------------------------------------------------------------
     def show(self) -> dict:

@@ -1,10 +1,13 @@
 """ovs-ofctl flow syntax: parsing, canonical dumps, errors, flow_mod semantics."""
+import os
+
 import pytest
 
 from dpu import Dataplane
 from dpu.errors import (
     BadValueError,
     ConflictError,
+    DpuError,
     FlowParseError,
     UnknownFieldError,
     UnknownGroupError,
@@ -139,6 +142,26 @@ def test_flows_file_errors_name_file_line(tmp_path):
     assert ei.value.line == 4 and ei.value.file == str(f)
     assert str(ei.value).startswith(f"{f}:4: ")
     assert not dp.dump_flows()
+
+
+def test_flows_file_on_a_topology_errors_name_file_line(tmp_path):
+    """dpu run --config --flows, and its reloads, load both in one transaction:
+    an error in the file names the file and its line, as load_flows does, not
+    the place in the transaction after the topology's own flows; nothing applies."""
+    topo = os.path.join(os.path.dirname(__file__), "..", "examples", "topology.yaml")
+    f = tmp_path / "extra.txt"
+    f.write_text("group_id=9,type=all,bucket=actions=output:vm2\n# x\ntable=0,priority=9,in_port=vm1,actions=group:9\n"
+                 "ip,nw_dsst=10.0.0.1,actions=drop\n")
+    dp = Dataplane()
+    with pytest.raises(DpuError) as ei:
+        dp.load_topology(topo, flows_file=f)
+    assert (ei.value.line, ei.value.file) == (4, str(f))
+    assert str(ei.value).startswith(f"{f}:4: ") and "nw_dsst" in str(ei.value)
+    assert not dp.dump_flows() and dp.topology is None
+    f.write_text(f.read_text().replace("nw_dsst", "nw_dst"))
+    dp.load_topology(topo, flows_file=f)
+    assert [g.group_id for g in dp.dump_groups() if g.group_id == 9] == [9]
+    assert any("nw_dst=10.0.0.1" in str(x) for x in dp.dump_flows())
 
 
 def test_flows_file_with_groups(tmp_path):

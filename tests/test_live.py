@@ -371,7 +371,11 @@ def test_errors_before_start_are_one_line(lab, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(open(topo).read().replace("vni: 200", "vni: 100"))
     ctl = str(tmp_path / "x.ctl")
+    flows = tmp_path / "extra.txt"
+    flows.write_text("# extra\nip,nw_dsst=10.0.0.1,actions=drop\n")
     cases = {
+        "bad flows file": (["--config", topo, "--port", "vm1=vm1", "--flows", str(flows)],
+                           f"{flows}:2: column 4 ('nw_dsst')"),
         "missing interface": (["--config", topo, "--port", "vm1=nosuch0"], "no interface named nosuch0"),
         "port twice": (["--config", topo, "--port", "vm1=vm1", "--port", "vm1=vm2"], "port vm1 is given twice"),
         "interface twice": (["--config", topo, "--port", "vm1=vm1", "--port", "vm2=vm1"], "interface vm1 is given twice"),
