@@ -325,7 +325,7 @@ py::dict ct_stats(Dataplane& dp) {
   }
   d["created"] = created;
   d["expired"] = expired;
-  d["removed"] = removed;
+  d["removed"] = removed + ct.flushed();  // by packets (RST, a forced commit) and by flushes
   return d;
 }
 

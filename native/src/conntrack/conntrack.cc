@@ -790,6 +790,7 @@ size_t Conntrack::flush(int zone) {
   }
   size_t n = 0;
   for (Conn* c : victims) n += remove(c) ? 1 : 0;
+  flushed_.fetch_add(n, std::memory_order_relaxed);
   epoch_.leave(slot);
   epoch_.release(slot);
   return n;

@@ -294,6 +294,7 @@ class Conntrack {
   // tcp,orig=(src=..,dst=..,sport=..,dport=..),reply=(..),zone=N,mark=M,protoinfo=(state=..)
   static std::string format(const Entry& e);
   size_t flush(int zone);                         // zone -1: all; returns how many
+  uint64_t flushed() const { return flushed_.load(std::memory_order_relaxed); }  // by flush(), ever
   uint64_t count() const { return count_.load(std::memory_order_relaxed); }
   void zone_counts(std::vector<std::pair<uint16_t, uint32_t>>* out) const;
   size_t bytes_per_conn() const;
@@ -435,6 +436,7 @@ class Conntrack {
   std::atomic<uint32_t> max_conns_;
   std::atomic<int64_t> timeout_ns_[TM_COUNT];
   std::atomic<int64_t> clock_{0};
+  std::atomic<uint64_t> flushed_{0};
   std::atomic<int64_t> offset_{0};  // packet time minus monotonic time, once a packet led
   int64_t origin_ = 0;
   Epoch epoch_;
