@@ -311,7 +311,18 @@ def _drop_incomplete_outputs(summary, failed: str) -> List[str]:
     return _remove_incomplete(dict.fromkeys(suspect))
 
 
+def _ctl_alone(args, command: str) -> None:
+    """Refuses --ctl together with the options that build a dataplane offline:
+    the command would otherwise have to ignore one of them."""
+    given = [opt for opt, attr in (("--flows", "flows"), ("--config", "config"), ("--ports", "ports"),
+                                   ("a flows file", "file")) if getattr(args, attr, None)]
+    if args.ctl and given:
+        _die(f"{command} --ctl acts on the running dpu: {' and '.join(given)} "
+             f"{'is' if len(given) == 1 else 'are'} for offline use (give one or the other)")
+
+
 def cmd_trace(args) -> int:
+    _ctl_alone(args, "trace")
     if not args.flows and not args.config and not args.ctl:
         _die("trace needs --flows and/or --config, or --ctl for a running dpu")
     if args.hex is not None and args.packet is not None:
@@ -360,6 +371,7 @@ def _hex_arg(text: str) -> bytes:
 
 
 def cmd_flows(args) -> int:
+    _ctl_alone(args, "flows")
     if args.ctl:
         return cmd_dump_flows(argparse.Namespace(ctl=args.ctl, match="", strict=False))
     dp = _build(args)
@@ -569,6 +581,7 @@ def cmd_reload(args) -> int:
 
 
 def cmd_show(args) -> int:
+    _ctl_alone(args, "show")
     if args.flows or args.config or args.ports:
         return _show_offline(args)
     if not args.ctl:

@@ -460,3 +460,21 @@ def test_api_scapy_packets_do_not_ask_the_host(monkeypatch):
     assert out.data[:12] == bytes.fromhex("ffffffffffff") + bytes(6)
     assert out.data[26:30] == bytes(4)
     assert "src" not in pkt[Ether].fields and "src" not in pkt[IP].fields
+
+
+# ---- --ctl and offline inputs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["flows", "--ctl", "{ctl}", "{work}/fwd.txt"], "flows --ctl acts on the running dpu: a flows file is for offline"),
+    (["flows", "--ctl", "{ctl}", "--config", str(TOPO)], "flows --ctl acts on the running dpu: --config is for offline"),
+    (["trace", "--ctl", "{ctl}", "--config", str(TOPO), "--in-port", "vm1", "Ether()"],
+     "trace --ctl acts on the running dpu: --config is for offline"),
+    (["show", "--ctl", "{ctl}", "--flows", "{work}/fwd.txt", "--ports", "vm1,vm2"],
+     "show --ctl acts on the running dpu: --flows and --ports are for offline"),
+], ids=["flows file", "flows config", "trace", "show"])
+def test_ctl_with_offline_inputs_is_refused(work, args, needle):
+    """A command given both a running dpu (--ctl) and a dataplane to build
+    offline says so, instead of quietly ignoring one of them."""
+    r = dpu(*[a.format(ctl=work / "x.ctl", work=work) for a in args])
+    one_error(r, needle, code=2)
