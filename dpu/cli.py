@@ -706,7 +706,8 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("demo", help="run the built-in topology and traffic through the pipeline")
     sp.add_argument("--out-dir", default="dpu-demo", help="where to write input and output pcaps")
     sp.add_argument("--packets", type=_int_arg(1), default=200_000,
-                    help="packets of generated traffic (at least one per traffic stream is sent)")
+                    help="packets of generated traffic (at least one per traffic stream is sent, "
+                         "and the SYN flood's 3,000 that exceed red's quota)")
     sp.add_argument("--json", action="store_true", help="print the summary as JSON")
     sp.set_defaults(func=cmd_demo)
 

@@ -72,9 +72,10 @@ VXLAN_IN = ('Ether(src="02:00:00:00:00:02",dst="02:00:00:00:00:01")/IP(src="{vte
 
 INET_IN = 'Ether(src="02:00:00:00:00:32",dst="02:00:00:00:00:31")/IP(src="{src}",dst="{dst}")/{l4}'
 
-# port -> [(what, share of the traffic, template, flows, vary[, delay_ns])]: a
-# stream's packets are spread over one second, starting delay_ns late (answers
-# come after the packets they answer).
+# port -> [(what, share of the traffic, template, flows, vary[, options])]: a
+# stream's packets are spread over one second; options: "delay_ns", a late
+# start (answers come after the packets they answer), and "at_least", the
+# packets the stream sends whatever --packets is (what its text promises).
 TRAFFIC: Dict[str, List[tuple]] = {
     "vm1": [
         ("blue vm1 -> remote 10.0.0.21 (VXLAN encap)", 0.25,
@@ -102,7 +103,7 @@ TRAFFIC: Dict[str, List[tuple]] = {
          'Ether(src="02:00:00:00:03:11",dst="02:00:00:00:02:21")/IP(src="10.0.0.11",dst="10.0.0.21")/UDP(sport=1,dport=443)', None, {}),
         ("red vm3 SYN flood to the internet, 3,000 connections (red's quota is 1,000: ct_quota)", 0.04,
          'Ether(src="02:00:00:00:03:11",dst="02:00:00:00:01:01")/IP(src="10.0.0.11",dst="198.51.100.80")/TCP(sport=1,dport=80,flags="S")', 3000,
-         {"tcp.sport": "30000-32999"}),
+         {"tcp.sport": "30000-32999"}, {"at_least": 3000}),
     ],
     "p0": [
         ("VXLAN VNI 100 from 192.0.2.2 -> vm1 (decap)", 0.3,
@@ -116,7 +117,7 @@ TRAFFIC: Dict[str, List[tuple]] = {
     "inet": [
         ("internet DNS answers to 203.0.113.10 (back to vm1 through the SNAT mapping)", 0.08,
          INET_IN.format(src="198.51.100.53", dst="203.0.113.10", l4="UDP(sport=53,dport=1)"), 500,
-         {"udp.dport": "20000-20499"}, 200_000),
+         {"udp.dport": "20000-20499"}, {"delay_ns": 200_000}),
         ("internet -> floating address 203.0.113.12 (DNAT to vm2)", 0.03,
          INET_IN.format(src="198.51.100.9", dst="203.0.113.12", l4='TCP(sport=1,dport=443,flags="S")'), 200,
          {"tcp.sport": "40000-40199"}),
@@ -153,10 +154,11 @@ def make_traffic(in_dir: str, packets: int, progress=None) -> Dict[str, str]:
     done = made = 0
     for port, streams in TRAFFIC.items():
         parts = []
-        for k, (_, share, tmpl, flows, vary, *delay) in enumerate(streams):
-            n = max(1, int(packets * share / total_share))
-            interval = max(1, int(1e9 / (packets * share / total_share)))  # spread every stream over one second
-            start = 1_700_000_000 * 10**9 + k * 7 + (delay[0] if delay else 0)
+        for k, (_, share, tmpl, flows, vary, *opt) in enumerate(streams):
+            options = opt[0] if opt else {}
+            n = max(options.get("at_least", 1), int(packets * share / total_share))
+            interval = max(1, int(1e9 / n))  # spread every stream over one second
+            start = 1_700_000_000 * 10**9 + k * 7 + options.get("delay_ns", 0)
             parts.append(gen.generate(tmpl, n, flows=flows, vary=vary or None, start_ns=start, interval_ns=interval))
             done, made = done + 1, made + n
             if progress:

@@ -121,6 +121,8 @@ def test_demo_runs_and_counts(tmp_path, capsys):
     assert r["packets_in"] >= 19000 and r["packets_out"] > 0
     assert set(r["drops"]) >= {"spoofed", "isolation", "unknown_vtep", "unknown_vni"}
     assert set(d["tenants"]) == {"blue", "red"} and d["tenants"]["blue"]["rx_packets"] > 0
+    # the SYN flood's text promises 3,000 connections against red's quota of 1,000, whatever --packets
+    assert d["tenants"]["red"]["drops"]["ct_quota"] == 2000
     for f in ("topology.yaml", "flows.txt", "in/vm1.pcap", "in/p0.pcap", "out/p0.pcap", "out/vm2.pcap"):
         assert (tmp_path / "d" / f).exists(), f
     assert main(["demo", "--out-dir", str(tmp_path / "t"), "--packets", "5000"]) == 0
