@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 import numpy as np
 

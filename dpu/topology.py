@@ -34,7 +34,7 @@ import os
 import re
 import reprlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import TopologyError
 
