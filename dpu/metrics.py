@@ -16,7 +16,7 @@ tenant, reason, zone, worker, cache, table).
   dpu_worker_packets_total{worker}, dpu_worker_batches_total{worker},
   dpu_worker_{busy,idle}_seconds_total{worker}, dpu_worker_busy_ratio{worker},
   dpu_worker_packets_per_batch{worker}
-  dpu_interface_{rx_ring_drops,rx_too_long,tx_refused}_total{port,interface}
+  dpu_interface_{rx_ring_drops,rx_too_long,tx_refused,link_errors}_total{port,interface}
   dpu_nexthop_resolved{nexthop,ip}
 
 Workers are numbered as the dataplane numbers them: worker 0 serves API calls
@@ -133,7 +133,8 @@ class Collector:
         qf = {k: CounterMetricFamily(f"dpu_interface_{m}", h, labels=["port", "interface"]) for k, m, h in (
             ("rx_ring_drops", "rx_ring_drops", "frames the kernel could not put in a full receive ring"),
             ("rx_truncated", "rx_too_long", "frames longer than a packet buffer, not received"),
-            ("tx_refused", "tx_refused", "frames the interface did not take (down, queue full)"))}
+            ("tx_refused", "tx_refused", "frames the interface did not take (down, queue full)"),
+            ("link_errors", "link_errors", "errors the interface's socket reported (it went down or away)"))}
         for q in inst.interface_stats():
             lbl = [names.get(q["ofport"], str(q["ofport"])), q["ifname"]]
             for k, fam in qf.items():

@@ -289,6 +289,11 @@ def test_next_hops_resolved_by_arp(lab):
 
 # ---- interfaces that go away ------------------------------------------------------------------------------
 
+def _cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def test_interface_down_and_up_while_running(lab):
     d = lab.start_dpu()
     assert lab.ping("rblue", "10.0.0.11")
@@ -304,6 +309,14 @@ def test_interface_down_and_up_while_running(lab):
     while not lab.ping("rblue", "10.0.0.11", count=1) and time.monotonic() < deadline:
         pass
     assert lab.ping("rblue", "10.0.0.11"), "traffic resumes once the interface is back"
+    # With no traffic the worker sleeps in poll(): the error the socket reported
+    # when the link went down was taken, not left to wake every poll at once.
+    c0, t0 = _cpu_seconds(d.proc.pid), time.monotonic()
+    time.sleep(2)
+    busy = (_cpu_seconds(d.proc.pid) - c0) / (time.monotonic() - t0)
+    assert busy < 0.3, f"dpu used {busy:.0%} of a CPU while idle after the link came back"
+    vm1 = [q for q in d.stats()["interfaces"] if q["ifname"] == "vm1"]
+    assert vm1 and vm1[0]["link_errors"] >= 1, vm1
     d.stop()
 
 

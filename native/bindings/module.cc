@@ -541,6 +541,7 @@ void bind_live(py::module_& m, DataplaneClass& c) {
           d["rx_ring_drops"] = q.c.rx_ring_drops;
           d["rx_truncated"] = q.c.rx_truncated;
           d["tx_refused"] = q.c.tx_refused;
+          d["link_errors"] = q.c.link_errors;
           out.append(d);
         }
         return out;

@@ -134,6 +134,7 @@ std::vector<LiveQueueStats> LiveRunner::queue_stats() const {
         s.c.rx_ring_drops += __atomic_load_n(&c.rx_ring_drops, __ATOMIC_RELAXED);
         s.c.rx_truncated += __atomic_load_n(&c.rx_truncated, __ATOMIC_RELAXED);
         s.c.tx_refused += __atomic_load_n(&c.tx_refused, __ATOMIC_RELAXED);
+        s.c.link_errors += __atomic_load_n(&c.link_errors, __ATOMIC_RELAXED);
       }
     }
     out.push_back(s);
@@ -176,7 +177,9 @@ void LiveRunner::loop(size_t wi) {
       }
     } else {
       busy_rounds = 0;
-      poll(pfds.data(), pfds.size(), static_cast<int>(cfg_.idle_ms));
+      if (poll(pfds.data(), pfds.size(), static_cast<int>(cfg_.idle_ms)) > 0)
+        for (size_t i = 0; i < pfds.size(); i++)
+          if (pfds[i].revents & POLLERR) qs[i]->clear_error();
       w.counters.idle_ns += static_cast<uint64_t>(mono_ns() - t1);
     }
     if (t1 - last_house >= house_ns) {

@@ -197,6 +197,13 @@ void AfPacketQueue::refresh_counters() {
     __atomic_fetch_add(&counters.rx_ring_drops, static_cast<uint64_t>(st.tp_drops), __ATOMIC_RELAXED);
 }
 
+void AfPacketQueue::clear_error() {
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err)  // reading clears it
+    __atomic_fetch_add(&counters.link_errors, 1, __ATOMIC_RELAXED);
+}
+
 bool AfPacketQueue::next_block() {
   auto* desc = reinterpret_cast<tpacket_block_desc*>(ring_ + static_cast<size_t>(cur_) * block_size_);
   auto* status = reinterpret_cast<std::atomic<uint32_t>*>(&desc->hdr.bh1.block_status);

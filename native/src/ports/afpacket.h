@@ -70,6 +70,7 @@ class AfPacketQueue : public PortQueue {
   uint32_t tx_burst(Packet* const* pkts, uint32_t n) override;
   int fd() const override { return fd_; }
   void refresh_counters() override;  // PACKET_STATISTICS: frames the kernel dropped (ring full)
+  void clear_error() override;       // SO_ERROR: ENETDOWN after the interface went down
 
  private:
   bool next_block();

@@ -33,6 +33,7 @@ struct QueueCounters {
   uint64_t rx_ring_drops = 0;   // frames the kernel dropped before the ring (full, or a frame it cannot describe)
   uint64_t rx_truncated = 0;    // frames longer than a buffer, dropped
   uint64_t tx_refused = 0;      // frames the interface did not take (down, queue full)
+  uint64_t link_errors = 0;     // errors the socket reported (the interface went down or away)
 };
 
 // A frame no packet buffer can hold: the queue reports it, the worker counts
@@ -49,6 +50,10 @@ class RxQueue {
   virtual uint32_t rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, uint32_t cap) = 0;
   virtual int fd() const { return -1; }  // to sleep on when every queue is empty; -1: never sleeps
   virtual void refresh_counters() {}     // the owner, now and then: fetch what the kernel counted
+  // poll() returned POLLERR for fd(): takes the socket's pending error (set
+  // when the interface goes down), which would otherwise wake every poll at
+  // once and keep the worker spinning while nothing arrives.
+  virtual void clear_error() {}
   std::vector<RxReject> rejects;         // filled by rx_burst, emptied by Worker::receive
 };
 
