@@ -100,14 +100,20 @@ class _atomic_output:
     """``with _atomic_output(path) as tmp:`` write ``tmp``; it becomes ``path``
     only when the block succeeds (a rename in the same directory), so a failed
     write (disk full, ...) leaves no truncated file and an old ``path`` intact.
-    A path that is not a regular file (/dev/null, a FIFO) is written directly."""
+    A path that is not a regular file (/dev/null, a FIFO), or that names a
+    file descriptor (/dev/stdout, /dev/fd/N, /proc/self/fd/N), is written
+    directly; through a symbolic link, the file it points to is replaced and
+    the link stays."""
 
     def __init__(self, path: str, what: str) -> None:
+        self.user_path = path
+        if os.path.islink(path) and not _names_a_descriptor(path):
+            path = os.path.realpath(path)  # write where the link points, keep the link
         st = _stat(path, what)
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise DpuIOError(f"{path}: is a directory ({what} takes a file name)", file=path, reason="Is a directory")
         self.path, self.tmp = path, None
-        if st is None or stat.S_ISREG(st.st_mode):
+        if (st is None or stat.S_ISREG(st.st_mode)) and not _names_a_descriptor(path):
             d, base = os.path.split(path)
             try:
                 fd, self.tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=d or ".")
@@ -133,10 +139,26 @@ class _atomic_output:
                 raise from_os_error(e, self.path, "cannot write") from None
         _remove_incomplete([self.tmp])
         if isinstance(exc, DpuError) and exc.file == self.tmp:  # name the file the user gave
-            exc.file = self.path
-            exc.args = tuple(a.replace(self.tmp, self.path) if isinstance(a, str) else a for a in exc.args)
-            exc.message = exc.message.replace(self.tmp, self.path)
+            exc.file = self.user_path
+            exc.args = tuple(a.replace(self.tmp, self.user_path) if isinstance(a, str) else a for a in exc.args)
+            exc.message = exc.message.replace(self.tmp, self.user_path)
         return False
+
+
+def _names_a_descriptor(path: str) -> bool:
+    """/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N and the like: a
+    stream the caller opened, to be written, never replaced."""
+    p = os.path.abspath(path)
+    return p in ("/dev/stdout", "/dev/stderr") or p.startswith(("/dev/fd/", "/proc/"))
+
+
+def _is_stdout(path: str) -> bool:
+    """Whether writing `path` writes this process's standard output."""
+    try:
+        a, b = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _remove_incomplete(paths: Iterable[str]) -> List[str]:
@@ -415,7 +437,9 @@ def cmd_gen(args) -> int:
     dt = time.perf_counter() - t0
     from .report import rate_text
 
-    print(f"wrote {n} packets to {args.output} in {dt:.2f}s ({rate_text(n / dt) if dt > 0 else '-'})")
+    # Onto stderr when the capture went to stdout (-o /dev/stdout): not into the capture.
+    print(f"wrote {n} packets to {args.output} in {dt:.2f}s ({rate_text(n / dt) if dt > 0 else '-'})",
+          file=sys.stderr if _is_stdout(args.output) else sys.stdout)
     return 0
 
 

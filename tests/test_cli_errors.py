@@ -236,6 +236,38 @@ def test_write_that_fails_names_the_file_and_reason_and_prints_the_summary(work)
     one_error(r, "/dev/full", "No space left on device", code=1)
 
 
+def test_output_through_a_symbolic_link_keeps_the_link(work):
+    """-o through a link writes the file it points to (as the shell's > does);
+    the link stays a link."""
+    (work / "target.pcap").write_text("old")
+    os.symlink("target.pcap", work / "link.pcap")
+    r = dpu("gen", "Ether()/IP()/UDP()", "-n", "3", "-o", "link.pcap", cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert os.readlink(work / "link.pcap") == "target.pcap"
+    from dpu import gen
+
+    assert len(gen.read_pcap(str(work / "target.pcap"))) == 3
+
+
+def test_output_to_dev_stdout_writes_the_stream(work):
+    """-o /dev/stdout (a link to /proc/self/fd/1) writes the capture into the
+    redirected stdout, the summary to stderr, and leaves /dev/stdout a link.
+    Run with a private /dev so that a regression cannot replace the machine's."""
+    if not unshare_ok("-m"):
+        pytest.skip("needs root and unshare -m for a private /dev")
+    script = ("mount -t tmpfs tmpfs /dev && ln -s /proc/self/fd/1 /dev/stdout && "
+              f"{sys.executable} -m dpu.cli gen 'Ether()/IP()/UDP()' -n 3 -o /dev/stdout > out.pcap; "
+              "echo rc=$? >&2; ls -l /dev/stdout >&2")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], cwd=work, capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert "rc=0" in r.stderr and "wrote 3 packets to /dev/stdout" in r.stderr, r.stderr
+    assert "-> /proc/self/fd/1" in r.stderr, r.stderr
+    from dpu import gen
+
+    assert len(gen.read_pcap(str(work / "out.pcap"))) == 3
+
+
 def test_disk_full_leaves_no_truncated_file(work):
     if not unshare_ok("-m"):
         pytest.skip("needs root and unshare -m for a small private tmpfs")
