@@ -212,6 +212,22 @@ def _layers(pkt):
         layer = layer.payload
 
 
+def _largest_frame(pkt, total: int) -> Optional[Tuple[int, str]]:
+    """The largest frame the template's 16-bit length fields can describe
+    (IPv4 total length, IPv6 payload length, UDP length), and that field; None
+    when it has none. A layer's offset: the frame's length less the layer's."""
+    S = _scapy()
+    best = None
+    for layer in _layers(pkt):
+        extra = {S.IP: 0, S.IPv6: 40, S.UDP: 0}.get(type(layer))
+        if extra is None:
+            continue
+        top = total - len(bytes(layer)) + extra + 65535
+        if best is None or top < best[0]:
+            best = (top, {S.IP: "IPv4 total", S.IPv6: "IPv6 payload", S.UDP: "UDP"}[type(layer)])
+    return best
+
+
 def _build(template, size: Optional[int]) -> bytes:
     """The template's bytes, padded to `size` with a Raw payload built by scapy."""
     S = _scapy()
@@ -254,7 +270,14 @@ def _build(template, size: Optional[int]) -> bytes:
                 layer.chksum = None
             elif "cksum" in layer.fields and layer.__class__.__name__.startswith("ICMPv6"):
                 layer.cksum = None
-    padded = bytes(pkt / S.Raw(b"\x00" * (size - len(built))))
+    limit = _largest_frame(pkt, len(built))
+    if limit is not None and size > limit[0]:
+        raise _err(f"size {size} is larger than this template allows: its {limit[1]} length field holds at most "
+                   f"65,535, so its frames are at most {limit[0]:,} bytes")
+    try:
+        padded = bytes(pkt / S.Raw(b"\x00" * (size - len(built))))
+    except Exception as e:  # noqa: BLE001
+        raise _err(f"could not pad the template to size {size}: {type(e).__name__}: {e}") from None
     if len(padded) != size:
         raise _err(f"could not pad the template to size {size} (got {len(padded)} bytes)")
     return padded

@@ -381,7 +381,19 @@ BAD = [
     ("template-not-ethernet", 'IP()/UDP()', {}, r"must start with Ether"),
     ("template-short-bytes", b"\x00" * 10, {}, r"shorter than an Ethernet header"),
     ("size-too-big", UDP4, dict(size=10**6), r"size 1000000 is larger than the largest frame"),
+    ("size-past-ipv4-length", UDP4, dict(size=65550),
+     r"size 65550 is larger than this template allows: its IPv4 total length field .* at most 65,549 bytes"),
+    ("size-past-ipv6-length", 'Ether()/IPv6()/TCP()', dict(size=100_000),
+     r"its IPv6 payload length field .* at most 65,589 bytes"),
 ]
+
+
+def test_size_up_to_the_length_fields_limit():
+    """The largest frame an IPv4 UDP template can describe is 14 + 65,535 bytes;
+    an ARP template has no length field and goes to the largest frame."""
+    p = gen.generate(UDP4, 1, size=65549)
+    assert int(p.lengths[0]) == 65549
+    assert int(gen.generate('Ether()/ARP()', 1, size=gen.MAX_FRAME).lengths[0]) == gen.MAX_FRAME
 
 
 @pytest.mark.parametrize("template,kw,message", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
