@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import threading
 from typing import Any, Callable, Dict
 
@@ -188,6 +189,9 @@ def call(path: str, cmd: str, timeout: float = 60.0, **args: Any) -> Any:
             raise ControlError(f"no dpu is running at {path} (no such socket; start one with dpu run, "
                                f"or give its --ctl)") from None
         except ConnectionRefusedError:
+            if os.path.exists(path) and not stat.S_ISSOCK(os.stat(path).st_mode):
+                kind = "a directory" if os.path.isdir(path) else "a file that is not a socket"
+                raise ControlError(f"{path} is {kind}: no dpu control socket (give dpu run's --ctl)") from None
             raise ControlError(f"nothing answers at {path} (a dpu that has exited?)") from None
         except PermissionError:
             raise ControlError(f"{path}: permission denied (the socket is its owner's only: "

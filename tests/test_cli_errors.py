@@ -497,6 +497,12 @@ def test_api_scapy_packets_do_not_ask_the_host(monkeypatch):
 # ---- --ctl and offline inputs ---------------------------------------------------------------
 
 
+def test_ctl_at_a_path_that_is_not_a_socket(work):
+    for path, kind in ((work / "fwd.txt", "a file that is not a socket"), (work, "a directory")):
+        one_error(dpu("stats", "--ctl", path), f"{path} is {kind}: no dpu control socket", code=1)
+    one_error(dpu("stats", "--ctl", work / "none.ctl"), f"no dpu is running at {work / 'none.ctl'}", code=1)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["flows", "--ctl", "{ctl}", "{work}/fwd.txt"], "flows --ctl acts on the running dpu: a flows file is for offline"),
     (["flows", "--ctl", "{ctl}", "--config", str(TOPO)], "flows --ctl acts on the running dpu: --config is for offline"),
