@@ -365,9 +365,11 @@ class Instance:
         lines.append(table(rows, ["port", "interface", "rx_ring_drops", "rx_too_long", "tx_refused"]))
         secs = time.monotonic() - self.started_at if self.started_at else 0.0
         p = st["pmd"]
-        rate = p["packets"] / secs / 1e6 if secs > 0 else 0.0
+        from .report import rate_text
+
+        rate = rate_text(p["packets"] / secs) if secs > 0 else "-"
         lines.append(f"\nRan {secs:.1f}s with {self.opts.workers} worker(s) on {self.opts.io}: "
-                     f"{p['packets']:,} packets ({rate:.3f} Mpps average)")
+                     f"{p['packets']:,} packets ({rate} average)")
         if self.opts.drops_pcap:
             try:
                 self.runner.check_drops()
