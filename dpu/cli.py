@@ -574,7 +574,7 @@ def cmd_stats(args) -> int:
         return 0
     from .report import counter_tables, table
 
-    print(counter_tables(st))
+    print(counter_tables(st, zones=st.get("tenant_zones") or []))  # as the final report: per tenant's zone
     if st.get("interfaces"):
         print("\nInterfaces:")
         rows = [[q["ofport"], q["ifname"], q["rx_ring_drops"], q["rx_truncated"], q["tx_refused"]]

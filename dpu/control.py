@@ -148,6 +148,9 @@ class ControlServer:
         st = self.inst.dp.stats()
         st["interfaces"] = self.inst.interface_stats()
         st["nexthops"] = self.inst.resolver.status() if self.inst.resolver else {}
+        from .report import tenant_zones
+
+        st["tenant_zones"] = tenant_zones(self.inst.dp)  # [tenant, zone, limit]: the conntrack table's rows
         return st
 
     def _trace(self, a: dict) -> dict:

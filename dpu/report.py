@@ -212,7 +212,8 @@ def counter_tables(st: dict, ports: Optional[Dict[str, dict]] = None, zones: Opt
     out.append(f"\nConntrack: {ct['connections']:,} connections ({ct['bytes_per_connection']} bytes each), "
                f"{ct['nat_mappings']:,} NAT mappings")
     if zones:
-        rows = [[n, z, ct["zones"].get(z, 0), limit or "-"] for n, z, limit in zones]
+        # (zones' keys are strings once the stats went through JSON: dpu stats --ctl)
+        rows = [[n, z, ct["zones"].get(z, ct["zones"].get(str(z), 0)), limit or "-"] for n, z, limit in zones]
         out.append(table(rows, ["tenant", "zone", "connections", "limit"]))
     for line in connections or []:
         out.append(f"  {line}")

@@ -209,6 +209,8 @@ def test_control_socket_commands(lab):
     assert st["ports"]["vm1"]["rx_packets"] >= 2 and st["interfaces"][0]["ifname"]
     text = d.ctl_cmd("stats").stdout
     assert "Workers:" in text and "Interfaces:" in text
+    assert re.search(r"tenant\s+zone\s+connections\s+limit", text), "the conntrack table per tenant's zone"
+    assert st["tenant_zones"] and all(len(row) == 3 for row in st["tenant_zones"])
     r = d.ctl_cmd("add-flow", "table=0,actions=output:nowhere", check=False)
     assert r.returncode == 1 and r.stderr.startswith("dpu: UnknownPortError:"), r.stderr
     d.stop()
