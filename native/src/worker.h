@@ -288,6 +288,7 @@ class Worker {
   bool ct_continue(Packet* p, const Megaflow* from, std::vector<Packet*>& next);
   void timed_conntrack_stage(std::vector<Packet*>& next);  // conntrack_stage() under the profile's clock
   void ct_next_pass(Packet* p, Megaflow* mf, const Flow& key, std::vector<Packet*>& next);
+  void ct_run_pass(Packet* p, Megaflow* mf, const Flow& key, std::vector<Packet*>& next);  // its counts and actions
   void drop(Packet* p, uint16_t reason);
   void count_oversize(uint32_t port, uint32_t len);
   Packet* copy(Packet* p);
