@@ -272,3 +272,14 @@ def test_group_loops_are_refused():
     with pytest.raises(ConflictError, match=r"2 -> 3 -> 2"):
         dp.mod_group("group_id=2,type=all,bucket=actions=group:3")
     assert [g.group_id for g in dp.dump_groups()] == [2, 3]
+
+
+def test_deeply_nested_ct_exec_is_a_parse_error_not_a_crash():
+    """ct inside ct(exec(...)) is refused before its own list is parsed: 5,000
+    levels once overflowed the parser's stack (SIGSEGV)."""
+    dp = Dataplane(ports=PORTS)
+    with pytest.raises(FlowParseError, match="ct exec\\(\\) takes only set_field or load"):
+        dp.add_flow("ip,actions=" + "ct(commit,exec(" * 5000 + ")" * 10000)
+    with pytest.raises(FlowParseError, match="ct exec\\(\\) takes only set_field or load"):
+        dp.add_flow("ip,actions=ct(commit,exec(ct(commit)))")
+    assert not dp.dump_flows()

@@ -598,6 +598,10 @@ Status parse_mod_nw_alias(const Item& it, FieldId id, OfAction* a) {
 }
 
 Status parse_one_action(const Item& it, const ActCtx& c, OfAction* a) {
+  // Refused here, before its own list is parsed: a ct nested in exec() would
+  // recurse once per level of the text (a stack overflow at a few thousand).
+  if (c.ct_exec && it.key == "ct")
+    return err_at(Err::PARSE, "ct exec() takes only set_field or load to ct_mark or ct_label", it.whole, it.pos);
   for (const ActionRow& r : kActions) {
     if (it.key != r.keyword) continue;
     a->type = r.type;
