@@ -331,6 +331,12 @@ CASES: List[Case] = [
                        "table=1,reg0=5,reg1=0xa0,reg2=0x50000000,actions=output:p2", "table=1,priority=0,actions=output:p3"], [udp4()]),
     Case("metadata", ["actions=write_metadata:0x1234/0xff00,goto_table:1", "table=1,metadata=0x1200/0xff00,actions=write_metadata:0x5,goto_table:2",
                       "table=2,metadata=0x1205,actions=output:p2", "table=2,priority=0,actions=output:p3"], [udp4()]),
+    # OVS's widths in subfields: NXM_OF_IP_TOS is the TOS byte (ECN bits kept), NXM_OF_IN_PORT 16 bits
+    Case("subfield-widths", ["ip,actions=load:0x28->NXM_OF_IP_TOS[],move:NXM_OF_IN_PORT[]->NXM_NX_REG0[0..15],goto_table:1",
+                             "table=1,reg0=1,ip,actions=output:p2", "table=1,priority=0,actions=output:p3",
+                             "arp,actions=load:0x2->NXM_OF_ARP_OP[],output:p4",
+                             "tcp,priority=40000,actions=load:0xa->NXM_OF_IP_TOS[2..5],output:p4"],
+         [udp4(tos=0x01), tcp4(tos=0xfe), arp()]),
     Case("move-packet-fields", ["actions=move:NXM_OF_ETH_SRC[0..15]->NXM_NX_REG3[0..15],move:NXM_NX_REG3[0..15]->NXM_OF_ETH_DST[0..15],output:p2",
                                 "ip,priority=5,actions=move:NXM_OF_IP_SRC[]->NXM_NX_REG4[],move:NXM_NX_REG4[0..7]->NXM_OF_IP_DST[0..7],output:p3"],
          [udp4(), arp()]),

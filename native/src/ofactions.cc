@@ -68,7 +68,9 @@ std::string port_text(uint32_t p, const PortNames* ports) {
 std::string subfield_text(FieldId id, uint16_t ofs, uint16_t n) {
   const FieldDef& f = field_def(id);
   std::string s = f.nxm ? f.nxm : f.name;
-  if (ofs == 0 && n == f.n_bits) return s + "[]";
+  const SubfieldView* view = subfield_view(id);
+  if (view) ofs = static_cast<uint16_t>(ofs + view->shift);  // in OVS's bits of the field
+  if (ofs == 0 && n == (view ? view->bits : f.n_bits)) return s + "[]";
   if (n == 1) return s + "[" + std::to_string(ofs) + "]";
   return s + "[" + std::to_string(ofs) + ".." + std::to_string(ofs + n - 1) + "]";
 }
@@ -158,13 +160,14 @@ std::string format_set_field(const OfAction& a, const char*, const PortNames* po
 }
 
 // load/move: "SRC->DST[a..b]" with a writable destination subfield.
-Status parse_to_subfield(const Item& it, const ActCtx& c, OfAction* a, std::string_view* src, int* src_pos) {
+Status parse_to_subfield(const Item& it, const ActCtx& c, OfAction* a, std::string_view* src, int* src_pos,
+                         uint16_t* outside = nullptr) {
   std::string_view dst;
   int dst_pos;
   Status s = split_arrow(it, src, &dst, src_pos, &dst_pos);
   if (!s.ok()) return s;
   const FieldDef* df;
-  s = parse_subfield(dst, dst_pos, &df, &a->ofs, &a->n_bits);
+  s = parse_subfield(dst, dst_pos, &df, &a->ofs, &a->n_bits, outside);
   if (!s.ok()) return s;
   if (!df->writable && !ct_writable(*df, c)) return not_writable(*df, dst, dst_pos);
   a->field = df->id;
@@ -174,16 +177,27 @@ Status parse_to_subfield(const Item& it, const ActCtx& c, OfAction* a, std::stri
 Status parse_load(const Item& it, const ActCtx& c, OfAction* a) {
   std::string_view src;
   int src_pos;
-  Status s = parse_to_subfield(it, c, a, &src, &src_pos);
+  // The subfield's bits dpu does not keep (parse_subfield): those below are
+  // ignored, as OVS ignores nw_tos's ECN bits; those above must be 0.
+  uint16_t outside[2] = {0, 0};
+  Status s = parse_to_subfield(it, c, a, &src, &src_pos, outside);
   if (!s.ok()) return s;
   u128 val;
-  if (!parse_uint(src, a->n_bits, &val))
-    return err_at(Err::BAD_VALUE, "'" + std::string(src) + "' does not fit in " + std::to_string(a->n_bits) + " bits",
+  const int width = a->n_bits + outside[0] + outside[1];
+  if (!parse_uint(src, width, &val) || (outside[1] && (val >> (outside[0] + a->n_bits)) != 0))
+    return err_at(Err::BAD_VALUE, "'" + std::string(src) + "' does not fit in " +
+                                      std::to_string(outside[1] ? a->n_bits + outside[0] : width) + " bits",
                   src, src_pos);
-  a->value = val;
+  a->value = val >> outside[0];
   return Status::Ok();
 }
 std::string format_load(const OfAction& a, const char*, const PortNames*) {
+  // A load of the whole field is written as OVS writes it: NAME[] and the
+  // value in the subfield's bits (nw_tos: the TOS byte, DSCP << 2).
+  const FieldDef& f = field_def(a.field);
+  const SubfieldView* view = subfield_view(a.field);
+  if (view && a.ofs == 0 && a.n_bits == f.n_bits)
+    return "load:" + hex_u128(a.value << view->shift) + "->" + (f.nxm ? f.nxm : f.name) + "[]";
   return "load:" + hex_u128(a.value) + "->" + subfield_text(a.field, a.ofs, a.n_bits);
 }
 

@@ -88,8 +88,17 @@ bool parse_u(std::string_view s, int bits, uint64_t* out) {
   return true;
 }
 
+const SubfieldView* subfield_view(FieldId id) {
+  static const SubfieldView kViews[] = {
+      {FieldId::NW_TOS, 8, 2}, {FieldId::IN_PORT, 16, 0}, {FieldId::ARP_OP, 16, 0}, {FieldId::CT_STATE, 32, 0}};
+  for (const SubfieldView& v : kViews)
+    if (v.id == id) return &v;
+  return nullptr;
+}
+
 // NAME[], NAME[n], NAME[a..b]
-Status parse_subfield(std::string_view s, int pos, const FieldDef** f, uint16_t* ofs, uint16_t* n) {
+Status parse_subfield(std::string_view s, int pos, const FieldDef** f, uint16_t* ofs, uint16_t* n,
+                      uint16_t* outside) {
   size_t lb = s.find('[');
   if (lb == std::string_view::npos || s.back() != ']')
     return err_at(Err::PARSE, "expected a subfield like NXM_NX_REG0[] or reg0[0..15]", s, pos);
@@ -97,7 +106,9 @@ Status parse_subfield(std::string_view s, int pos, const FieldDef** f, uint16_t*
   std::string_view range = s.substr(lb + 1, s.size() - lb - 2);
   const FieldDef* fd = field_by_name(name);
   if (!fd) return err_at(Err::UNKNOWN_FIELD, "unknown field '" + std::string(name) + "'", name, pos);
-  uint64_t a = 0, b = fd->n_bits - 1;
+  const SubfieldView* view = subfield_view(fd->id);
+  const uint64_t width = view ? view->bits : fd->n_bits, lo = view ? view->shift : 0, hi = lo + fd->n_bits - 1;
+  uint64_t a = 0, b = width - 1;
   if (!range.empty()) {
     size_t dots = range.find("..");
     if (dots == std::string_view::npos) {
@@ -107,14 +118,28 @@ Status parse_subfield(std::string_view s, int pos, const FieldDef** f, uint16_t*
       return err_at(Err::PARSE, "bad bit range", range, pos);
     }
   }
-  if (a > b || b >= fd->n_bits)
+  if (a > b || b >= width)
     return err_at(Err::BAD_VALUE,
                   "bits " + std::to_string(a) + ".." + std::to_string(b) + " are outside " + fd->name +
-                      " (" + std::to_string(fd->n_bits) + " bits)",
+                      " (" + std::to_string(width) + " bits)",
                   s, pos);
+  // dpu keeps bits lo..hi of the subfield's (SubfieldView).
+  if (b < lo || a > hi || (!outside && (a < lo || b > hi))) {
+    const uint64_t x = a < lo ? a : std::max(a, hi + 1), y = a < lo ? std::min(b, lo - 1) : b;
+    return err_at(Err::BAD_VALUE,
+                  "bits " + std::to_string(x) + ".." + std::to_string(y) + " of " + fd->name +
+                      (a < lo ? " read as 0 (and are ignored when written)" : " are beyond what dpu keeps") +
+                      "; dpu moves only bits " + std::to_string(lo) + ".." + std::to_string(hi),
+                  s, pos);
+  }
+  const uint64_t below = a < lo ? lo - a : 0, above = b > hi ? b - hi : 0;
   *f = fd;
-  *ofs = static_cast<uint16_t>(a);
-  *n = static_cast<uint16_t>(b - a + 1);
+  *ofs = static_cast<uint16_t>(a + below - lo);
+  *n = static_cast<uint16_t>(b - a + 1 - below - above);
+  if (outside) {
+    outside[0] = static_cast<uint16_t>(below);
+    outside[1] = static_cast<uint16_t>(above);
+  }
   return Status::Ok();
 }
 

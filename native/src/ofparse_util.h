@@ -36,8 +36,22 @@ Status err_at(Err code, const std::string& msg, std::string_view tok, int pos);
 Status at_value(Status s, const Item& it);
 // A plain number (decimal or 0x hex) of at most `bits` bits.
 bool parse_u(std::string_view s, int bits, uint64_t* out);
-// NAME[], NAME[n], NAME[a..b]
-Status parse_subfield(std::string_view s, int pos, const FieldDef** f, uint16_t* ofs, uint16_t* n);
+// NAME[], NAME[n], NAME[a..b]: *ofs and *n in the field's own bits. A few
+// fields are wider or narrower in OVS's subfield notation than dpu keeps
+// them (SubfieldView); their bits that dpu does not keep are refused, but
+// for a load's destination (`outside` given): bits below the field (the TOS
+// byte's ECN bits under nw_tos, which OVS ignores) and above it (which the
+// value must leave 0) are cut off, outside[0] and outside[1] say how many.
+Status parse_subfield(std::string_view s, int pos, const FieldDef** f, uint16_t* ofs, uint16_t* n,
+                      uint16_t* outside = nullptr);
+// OVS's width of a field in subfields: bit b of the subfield is bit b - shift
+// of dpu's field. nw_tos (NXM_OF_IP_TOS) is the whole TOS byte, dpu keeps its
+// six DSCP bits; in_port (NXM_OF_IN_PORT) is 16 bits, arp_op 16, ct_state 32.
+struct SubfieldView {
+  FieldId id;
+  uint16_t bits, shift;
+};
+const SubfieldView* subfield_view(FieldId id);
 // A port name, number, or in_port (kPortInPort).
 Status parse_port_arg(std::string_view s, int pos, const PortNames* ports, uint32_t* out);
 
