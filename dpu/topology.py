@@ -50,7 +50,9 @@ PROTO_NUMBERS = {"tcp": 6, "udp": 17}
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 UNRESOLVED_MAC = "00:00:00:00:00:00"  # a tunnel port's next hop before ARP answers: output drops
-_RESERVED = {"in_port", "flood", "all", "drop", "local", "normal", "controller", TUNNEL_PORT}
+# OVS's reserved port names (and drop), in any case, and the tunnel port's.
+_RESERVED = {"in_port", "flood", "all", "drop", "local", "normal", "controller", "table", "any", "none",
+             TUNNEL_PORT}
 
 
 @dataclass
@@ -634,7 +636,7 @@ class _V:
         return v
 
     def name(self, v: Any, path: str) -> str:
-        if not isinstance(v, str) or not _NAME_RE.match(v) or v in _RESERVED:
+        if not isinstance(v, str) or not _NAME_RE.match(v) or v.lower() in _RESERVED:
             self.fail(path, f"{_short(v)} is not a valid name (letters, digits, _ . -; not a reserved word)")
         return v
 

@@ -283,3 +283,23 @@ def test_deeply_nested_ct_exec_is_a_parse_error_not_a_crash():
     with pytest.raises(FlowParseError, match="ct exec\\(\\) takes only set_field or load"):
         dp.add_flow("ip,actions=ct(commit,exec(ct(commit)))")
     assert not dp.dump_flows()
+
+
+@pytest.mark.parametrize("port,message", [
+    ("NORMAL", "OVS's reserved port NORMAL is not supported by dpu"),
+    ("controller", "OVS's reserved port controller is not supported by dpu"),
+    ("LOCAL", "OVS's reserved port LOCAL is not supported by dpu"),
+    ("ALL", "the reserved port ALL is not an output port here: use the action all"),
+    ("Flood", "the reserved port Flood is not an output port here: use the action flood"),
+])
+def test_output_to_a_reserved_port_is_refused_in_any_case(port, message):
+    """OVS's reserved ports are keywords in any case: output:NORMAL is never a
+    port named NORMAL (not even with create_ports), and no port takes such a name."""
+    dp = Dataplane(ports=PORTS)
+    with pytest.raises(FlowParseError, match=message):
+        dp.add_flows([f"in_port=vm1,actions=output:{port}"], create_ports=True)
+    assert not dp.dump_flows() and port not in dp.ports
+    with pytest.raises(DpuError, match="reserved"):
+        dp.add_port(port)
+    dp.add_flow("in_port=vm1,actions=output:IN_PORT")
+    assert [f.spec for f in dp.dump_flows()] == ["table=0,in_port=vm1,actions=in_port"]

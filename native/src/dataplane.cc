@@ -11,6 +11,7 @@
 
 #include <arpa/inet.h>
 
+#include "ofparse_util.h"
 #include "parse.h"
 
 namespace dpu {
@@ -51,8 +52,13 @@ class Dataplane::TxnPorts : public PortNames {
     if (n.empty() || n.size() > 64 || std::isdigit(static_cast<unsigned char>(n[0]))) return false;
     for (char c : n)
       if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.')) return false;
-    return n != "in_port" && n != "flood" && n != "all" && n != "drop" && n != "local" && n != "normal" &&
-           n != "controller";
+    return !reserved_name(n);
+  }
+  // OVS's reserved port names (and drop), in any case: flows could not name such a port.
+  static bool reserved_name(const std::string& n) {
+    for (const char* r : {"in_port", "flood", "all", "drop", "local", "normal", "controller", "table", "any", "none"})
+      if (ofp::same_ignoring_case(n, r)) return true;
+    return false;
   }
 
   const PortTable& base_;
@@ -97,6 +103,10 @@ Status Dataplane::validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortI
     tp->deleted_.insert(p);
   }
   for (const PortSpec& ps : txn.add_ports) {
+    if (TxnPorts::reserved_name(ps.name))
+      return Status::Error(Err::INVALID, "bad port name '" + ps.name +
+                                             "': reserved (in_port, all, flood, drop, local, normal, controller, table, "
+                                             "any, none, in any case)");
     if (!TxnPorts::valid_name(ps.name))
       return Status::Error(Err::INVALID, "bad port name '" + ps.name +
                                              "': use letters, digits, '_', '-', '.', not starting with a digit");

@@ -96,6 +96,13 @@ const SubfieldView* subfield_view(FieldId id) {
   return nullptr;
 }
 
+bool same_ignoring_case(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); i++)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
 // NAME[], NAME[n], NAME[a..b]
 Status parse_subfield(std::string_view s, int pos, const FieldDef** f, uint16_t* ofs, uint16_t* n,
                       uint16_t* outside) {
@@ -144,10 +151,18 @@ Status parse_subfield(std::string_view s, int pos, const FieldDef** f, uint16_t*
 }
 
 Status parse_port_arg(std::string_view s, int pos, const PortNames* ports, uint32_t* out) {
-  if (s == "in_port" || s == "IN_PORT") {
+  if (same_ignoring_case(s, "in_port")) {
     *out = kPortInPort;
     return Status::Ok();
   }
+  // OVS's other reserved ports, in any case (no port may take their names).
+  for (const char* r : {"all", "flood"})
+    if (same_ignoring_case(s, r))
+      return err_at(Err::PARSE, "the reserved port " + std::string(s) + " is not an output port here: use the action " + r,
+                    s, pos);
+  for (const char* r : {"normal", "controller", "local", "table", "any", "none"})
+    if (same_ignoring_case(s, r))
+      return err_at(Err::PARSE, "OVS's reserved port " + std::string(s) + " is not supported by dpu", s, pos);
   uint64_t n;
   if (parse_u(s, 32, &n) && n > 0) {
     if (ports && ports->port_name(static_cast<uint32_t>(n)).empty())

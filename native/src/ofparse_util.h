@@ -52,7 +52,11 @@ struct SubfieldView {
   uint16_t bits, shift;
 };
 const SubfieldView* subfield_view(FieldId id);
-// A port name, number, or in_port (kPortInPort).
+// ASCII letters compared without case.
+bool same_ignoring_case(std::string_view a, std::string_view b);
+// A port name, number, or in_port (kPortInPort); OVS's other reserved port
+// names (all, flood, normal, controller, local, table, any, none: in any case)
+// are refused.
 Status parse_port_arg(std::string_view s, int pos, const PortNames* ports, uint32_t* out);
 
 // Parses an action list (the text after "actions="); `match`, when given, is
