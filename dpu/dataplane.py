@@ -337,7 +337,12 @@ def _to_bytes(pkt: PacketLike) -> bytes:
     # (dpu.packet_expr): an offline call neither varies by machine nor sends.
     from .packet_expr import offline_defaults
 
-    return bytes(offline_defaults(pkt.copy())) if hasattr(pkt, "fields_desc") else bytes(pkt)
+    if hasattr(pkt, "fields_desc"):
+        return bytes(offline_defaults(pkt.copy()))
+    try:  # anything with the buffer protocol (a numpy array of bytes, ...); not bytes(123), 123 zeros
+        return bytes(memoryview(pkt))
+    except TypeError:
+        raise InvalidArgumentError(f"a packet is bytes or a scapy packet, not {type(pkt).__name__}") from None
 
 
 class Dataplane:
@@ -353,6 +358,8 @@ class Dataplane:
                  workers: int = 1) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
             raise InvalidArgumentError(f"workers must be 1..64, got {workers!r}")
+        if isinstance(ports, (str, bytes)):  # list("vm1") would be three ports
+            raise InvalidArgumentError(f"ports is a list of port names, not one string ({ports!r})")
         self._core = _core.Dataplane(workers)
         self.topology = None
         names = list(ports)
@@ -672,6 +679,8 @@ class Dataplane:
 
     def warp(self, seconds: float) -> None:
         """Advances this dataplane's clock (tests: flow durations, later aging)."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < 1e9:
+            raise InvalidArgumentError(f"warp takes seconds to jump ahead, 0 or more, got {seconds!r}")
         self._core.warp(int(seconds * 1e9))
 
     def stop_clock(self, stop: bool = True) -> None:

@@ -303,3 +303,37 @@ def test_output_to_a_reserved_port_is_refused_in_any_case(port, message):
         dp.add_port(port)
     dp.add_flow("in_port=vm1,actions=output:IN_PORT")
     assert [f.spec for f in dp.dump_flows()] == ["table=0,in_port=vm1,actions=in_port"]
+
+
+def test_values_past_their_width_and_repeated_flags_are_refused():
+    """A 128-bit value whose digits overflow is refused (it was kept modulo
+    2**128: 33 f's became 128 one-bits); a flag named twice in ct_state or
+    tcp_flags is refused, as OVS refuses it (+trk-trk)."""
+    dp = Dataplane(ports=PORTS)
+    for flow in ["ct_state=+trk,ct_label=0x" + "f" * 33 + ",actions=drop",
+                 "ct_state=+trk,ct_label=0x2" + "f" * 32 + ",actions=drop",
+                 "ct_state=+trk,ct_label=340282366920938463463374607431768211456,actions=drop"]:
+        with pytest.raises(BadValueError, match="at most 128 bits"):
+            dp.add_flow(flow)
+    for flow in ["ct_state=+trk-trk,actions=drop", "tcp,tcp_flags=+syn+syn,actions=drop"]:
+        with pytest.raises(BadValueError, match="given more than once"):
+            dp.add_flow(flow)
+    assert not dp.dump_flows()
+    dp.add_flow("ct_state=+trk,ct_label=0x" + "f" * 32 + ",actions=drop")
+    assert dp.dump_flows()[0].spec.endswith("ct_label=0x" + "f" * 32 + ",actions=drop")
+
+
+def test_api_arguments_of_the_wrong_kind_are_refused():
+    from dpu.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="not one string"):
+        Dataplane(ports="vmx")  # not three ports v, m and x
+    dp = Dataplane(ports=PORTS)
+    with pytest.raises(InvalidArgumentError, match="not int"):
+        dp.process(123, in_port="vm1")  # not 123 zero bytes
+    for bad in (-1, float("nan"), True):
+        with pytest.raises(InvalidArgumentError, match="warp takes seconds"):
+            dp.warp(bad)
+    import numpy as np
+
+    assert dp.process(np.frombuffer(bytes(64), dtype=np.uint8), in_port="vm1") == []  # a buffer is a packet

@@ -242,6 +242,8 @@ Status parse_flags(std::string_view s, const FlagName (&names)[N], u128* value, 
     for (const FlagName& f : names) {
       if (name == f.name) {
         found = true;
+        if (m & f.bit)  // as OVS: +trk-trk is a contradiction, +trk+trk a slip
+          return Status::Error(Err::BAD_VALUE, "flag '" + std::string(name) + "' is given more than once");
         m |= f.bit;
         if (sign == '+') v |= f.bit; else v &= ~static_cast<u128>(f.bit);
       }
@@ -303,9 +305,12 @@ bool parse_uint(std::string_view s, int bits, u128* out) {
     else if (hex && c >= 'a' && c <= 'f') d = c - 'a' + 10;
     else if (hex && c >= 'A' && c <= 'F') d = c - 'A' + 10;
     else return false;
-    u128 nv = v * (hex ? 16 : 10) + d;
-    if (nv < v || (bits < 128 && nv > ones(bits))) return false;
-    v = nv;
+    // v * base + d must not exceed the largest `bits`-bit value (a 128-bit
+    // product may wrap to a larger number: compare before multiplying).
+    const u128 max = bits < 128 ? ones(bits) : ~u128{0};
+    const unsigned base = hex ? 16 : 10;
+    if (v > (max - static_cast<unsigned>(d)) / base) return false;
+    v = v * base + static_cast<unsigned>(d);
   }
   *out = v;
   return true;
