@@ -644,6 +644,14 @@ def test_pool_is_paired():
     assert len(used) > 1, "16 inside addresses all hashed to one public address"
 
 
+def test_pool_of_every_address_is_spread_too():
+    """0.0.0.0-255.255.255.255 holds 2**32 addresses: its size once wrapped to
+    0 and every inside address left from 0.0.0.0."""
+    dp = snat_dp("nat(src=0.0.0.0-255.255.255.255)")
+    used = {translated(dp, udp(f"10.0.1.{h}", 5000, SERVER, 53), "in")[1][IP].src for h in range(1, 9)}
+    assert len(used) > 1 and "0.0.0.0" not in used, used
+
+
 def test_port_range_exhaustion():
     dp = snat_dp("nat(src=203.0.113.10:2000-2003)")
     ports = [translated(dp, udp(f"10.0.1.{h}", 5000, SERVER, 53), "in")[1][UDP].sport for h in range(1, 5)]

@@ -137,9 +137,9 @@ NatTable::PortBits& NatTable::bits(uint8_t proto, uint32_t addr) {
 // Paired pooling: the public address is a function of the internal one
 // (network order in, host order out).
 uint32_t NatTable::paired_addr(uint16_t zone, uint32_t int_addr, const NatRange& r) {
-  uint32_t n_addr = r.addr_max - r.addr_min + 1;
+  const uint64_t n_addr = uint64_t{r.addr_max} - r.addr_min + 1;  // 2**32 for 0.0.0.0-255.255.255.255
   uint32_t h = hash_words(be32(int_addr), zone, 0x6e6174u, 0);  // not the protocol: one address for all of them
-  return r.addr_min + (n_addr ? h % n_addr : 0);
+  return r.addr_min + static_cast<uint32_t>(h % n_addr);
 }
 
 // The ports a new mapping may take: the rule's range, else 1024-65535
@@ -347,9 +347,9 @@ size_t NatTable::mappings() {
 
 void NatTable::pick_dst(const NatRange& r, uint32_t client, uint16_t client_port, uint16_t orig_port, uint32_t* addr,
                         uint16_t* port) {
-  uint32_t n_addr = r.addr_max - r.addr_min + 1;
+  const uint64_t n_addr = uint64_t{r.addr_max} - r.addr_min + 1;
   uint32_t h = hash_words(be32(client), be16(client_port), 0x646e6174u, 0);
-  *addr = be32(r.addr_min + (n_addr ? h % n_addr : 0));
+  *addr = be32(r.addr_min + static_cast<uint32_t>(h % n_addr));
   uint16_t p = be16(orig_port);
   if (r.port_min && (p < r.port_min || p > r.port_max))
     p = static_cast<uint16_t>(r.port_min + h % (static_cast<uint32_t>(r.port_max - r.port_min) + 1));
