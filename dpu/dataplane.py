@@ -171,9 +171,12 @@ class Transaction:
     def add_flow(self, flow: str) -> None:
         self.ops.append(("add_flow", flow))
 
-    def add_flows(self, flows: Union[str, Iterable[str]]) -> None:
-        for f in _flow_lines(flows):
-            self.ops.append(("add_flow", f))
+    def add_flows(self, flows: Union[str, Iterable[str]]) -> int:
+        """Flows from a multi-line string or a list (``#`` comments, blank
+        lines; ``group_id=`` lines are groups, added first); an error names
+        the line of the text, or the place in the list, counted from 1.
+        Returns the number of flows."""
+        return self.add_numbered(_numbered_lines(flows), "")
 
     def add_numbered(self, numbered: Sequence[Tuple[int, str]], path: Optional[str] = None) -> int:
         """The groups, then the flows, of (line number, text) pairs read from
@@ -182,7 +185,7 @@ class Transaction:
         order = [(n, f) for n, f in numbered if f.startswith("group_id=")]
         n_groups = len(order)
         order += [(n, f) for n, f in numbered if not f.startswith("group_id=")]
-        if path is not None:
+        if path is not None:  # "": lines of the caller's text, no file
             self._numbered.append((len(self.ops) + 1, order, path))
         for _, f in order:
             self.ops.append(("add_group" if f.startswith("group_id=") else "add_flow", f))
@@ -229,7 +232,8 @@ class Transaction:
             for first, order, path in self._numbered:
                 if index is not None and first <= index < first + len(order):
                     e.line = order[index - first][0]
-                    e.file = path
+                    if path:
+                        e.file = path
                     e.args = (_relocate(e, path),)
             raise
         return self.result
@@ -282,11 +286,16 @@ def _is_flow_line(line: str) -> bool:
     return bool(line) and not line.startswith("#") and not _REPLY_HEADER.match(line)
 
 
-def _flow_lines(flows: Union[str, Iterable[str]]) -> List[str]:
-    """Flow texts from a list, or from a multi-line string with # comments."""
-    if isinstance(flows, str):
-        flows = flows.splitlines()
-    return [line.strip() for line in flows if _is_flow_line(line.strip())]
+def _numbered_lines(flows: Union[str, Iterable[str]]) -> List[Tuple[int, str]]:
+    """(line, flow) of a multi-line string's flow lines, or (position, flow)
+    of a list's, counted from 1 (comments and blank lines count too)."""
+    if isinstance(flows, (bytes, bytearray)) or not isinstance(flows, (str, Iterable)):
+        raise InvalidArgumentError(f"flows are a string or a list of strings, not {type(flows).__name__}")
+    items = flows.splitlines() if isinstance(flows, str) else list(flows)
+    for i, line in enumerate(items):
+        if not isinstance(line, str):
+            raise InvalidArgumentError(f"flow {i + 1} is a {type(line).__name__}, not a string")
+    return [(i + 1, line.strip()) for i, line in enumerate(items) if _is_flow_line(line.strip())]
 
 
 def read_flows_file(path: Union[str, os.PathLike]) -> List[Tuple[int, str]]:
@@ -434,7 +443,7 @@ class Dataplane:
         for text, _ in comp.flows:
             t.add_flow(text)
         if extra_flows:
-            t.add_flows(_flow_lines(extra_flows))
+            t.add_flows(extra_flows)
         t.add_numbered(numbered, path)
         t.set_tenants(comp.tenants)
         t.set_ct_zones(comp.ct_zones)
@@ -498,10 +507,9 @@ class Dataplane:
 
     def add_flows(self, flows: Union[str, Iterable[str]], create_ports: bool = False) -> int:
         """Adds flows atomically: all of them, or none (the error names the line)."""
-        lines = _flow_lines(flows)
         with self.transaction(create_ports=create_ports) as t:
-            t.add_flows(lines)
-        return len(lines)
+            n = t.add_flows(flows)
+        return n
 
     def load_flows(self, path: Union[str, os.PathLike], create_ports: bool = False) -> int:
         """Adds the flows of a file, all or nothing: one flow per line, ``#``
@@ -698,11 +706,12 @@ def _zone(zone) -> int:
 
 
 def _relocate(e: DpuError, path: str) -> str:
-    """Rewrites an error message so that it names the file and its line."""
+    """Rewrites an error message so that it names the file and its line (no
+    file, path "": the line of the caller's text)."""
     msg = str(e)
     if msg.startswith("line "):
         msg = msg.split(": ", 1)[1] if ": " in msg else msg
-    return f"{path}:{e.line}: {msg}"
+    return f"{path}:{e.line}: {msg}" if path else f"line {e.line}: {msg}"
 
 
 from .replay import ReplaySummary  # noqa: E402  (typing reference)

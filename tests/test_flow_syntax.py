@@ -129,8 +129,22 @@ def test_add_flows_is_all_or_nothing_and_names_the_line():
     dp = dp_with("priority=1,actions=drop")
     with pytest.raises(BadValueError) as ei:
         dp.add_flows(["ip,actions=output:vm2", "# comment", "ip,nw_src=1.2.3,actions=drop", "arp,actions=drop"])
-    assert ei.value.line == 2  # second flow (comments are not flows)
+    assert ei.value.line == 3  # the list's third item (a comment is a line too)
     assert [f.match for f in dp.dump_flows()] == ["priority=1"]
+
+
+def test_add_flows_text_errors_name_the_text_line():
+    """A multi-line string's error names its line (comments and blank lines
+    count), and flows on top of a topology name their own place, not one
+    after the topology's compiled flows."""
+    dp = dp_with("priority=1,actions=drop")
+    with pytest.raises(UnknownFieldError) as ei:
+        dp.add_flows("# c\npriority=2,actions=drop\n\n# c\nnw_dsst=1,actions=drop")
+    assert ei.value.line == 5 and str(ei.value).startswith("line 5: ")
+    topo = os.path.join(os.path.dirname(__file__), "..", "examples", "topology.yaml")
+    with pytest.raises(UnknownFieldError) as ei:
+        Dataplane().load_topology(topo, flows=["priority=1,actions=drop", "nw_dsst=1,actions=drop"])
+    assert ei.value.line == 2, str(ei.value)
 
 
 def test_flows_file_errors_name_file_line(tmp_path):
