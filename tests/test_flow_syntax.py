@@ -215,6 +215,23 @@ def test_del_flows_by_cookie_and_out_port():
     assert dp.del_flows("out_port=vm2") == 1
 
 
+def test_cookies_select_with_a_mask_and_set_without_one():
+    """As ovs-ofctl(8): cookie=V/M selects flows (a mask of -1 exactly V);
+    cookie=V without a mask sets the cookie in mod-flows (on every flow the
+    rest selects: cookie given twice, once with a mask, changes one cookie),
+    and selects nothing in del-flows or dump-flows, where it is an error."""
+    dp = dp_with("cookie=0x1,priority=100,in_port=vm1,actions=output:vm2",
+                 "cookie=0x2,priority=200,in_port=vm1,ip,actions=output:vm3")
+    assert dp.mod_flows("cookie=0x1/-1,cookie=0x9,actions=drop") == 1
+    assert sorted((f.cookie, f.actions) for f in dp.dump_flows()) == [(0x2, "output:vm3"), (0x9, "drop")]
+    assert dp.mod_flows("cookie=0x7,actions=output:vm2") == 2
+    assert {(f.cookie, f.actions) for f in dp.dump_flows()} == {(0x7, "output:vm2")}
+    for call in (lambda: dp.del_flows("cookie=0x7"), lambda: dp.dump_flows("cookie=0x7")):
+        with pytest.raises(FlowParseError, match="without a mask sets a cookie"):
+            call()
+    assert dp.del_flows("cookie=0x7/-1") == 2
+
+
 def test_add_replaces_same_match_and_priority_keeping_counters():
     dp = dp_with("priority=5,in_port=vm1,actions=output:vm2")
     dp.process(b"\x02" * 60, in_port="vm1")

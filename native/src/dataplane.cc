@@ -347,11 +347,11 @@ void Dataplane::commit_ports(const Txn& txn, const TxnPorts& tp, const std::vect
 
 // A flow_mod that modifies a rule replaces it with a copy that keeps its
 // place (seq), creation time and counters.
-void Dataplane::replace_rule(const RulePtr& old, std::vector<OfAction> acts) {
+void Dataplane::replace_rule(const RulePtr& old, std::vector<OfAction> acts, const uint64_t* cookie) {
   auto r = std::make_shared<Rule>();
   r->table = old->table;
   r->priority = old->priority;
-  r->cookie = old->cookie;
+  r->cookie = cookie ? *cookie : old->cookie;
   r->match = old->match;
   r->actions = std::move(acts);
   r->seq = old->seq;
@@ -415,7 +415,7 @@ void Dataplane::commit_ops(const Txn& txn, std::vector<ParsedOp>& parsed, TxnRes
       case TxnOp::MOD_FLOWS_STRICT: {
         std::vector<RulePtr> hit;
         collect(p.flow, txn.ops[i].kind == TxnOp::MOD_FLOWS_STRICT, true, &hit);
-        for (const RulePtr& r : hit) replace_rule(r, p.flow.actions);
+        for (const RulePtr& r : hit) replace_rule(r, p.flow.actions, p.flow.set_cookie ? &p.flow.new_cookie : nullptr);
         res->flows_modified += hit.size();
         break;
       }

@@ -199,7 +199,7 @@ class Dataplane {
   void commit_add_flow(FlowSpec& f, int64_t now, TxnResult* res);
   void commit_del_groups(const ParsedOp& p, TxnResult* res);
   void commit_tenants(const std::vector<TenantSpec>& tenants);
-  void replace_rule(const RulePtr& old, std::vector<OfAction> acts);
+  void replace_rule(const RulePtr& old, std::vector<OfAction> acts, const uint64_t* cookie = nullptr);
   void collect(const FlowSpec& spec, bool strict, bool any_table, std::vector<RulePtr>* out) const;
   std::string flow_text(const Flow& f, bool with_pipeline) const;
   void rebuild_terms();

@@ -274,13 +274,23 @@ Status parse_flow(std::string_view text, FlowCmd cmd, const PortNames* ports, Fl
         mk = v.substr(slash + 1);
         v = v.substr(0, slash);
       }
+      // As ovs-ofctl: cookie=V/M selects flows (M -1: exactly V); cookie=V
+      // sets the cookie of the flow added or of the flows modified.
       uint64_t c, cm = ~0ull;
-      if (!it.has_value || !parse_u(v, 64, &c) || (!mk.empty() && !parse_u(mk, 64, &cm)))
+      if (!it.has_value || !parse_u(v, 64, &c) || (!mk.empty() && mk != "-1" && !parse_u(mk, 64, &cm)))
         return err_at(Err::BAD_VALUE, "cookie needs a 64-bit number", it.whole, it.pos);
       if (!mk.empty() && cmd == FlowCmd::ADD)
         return err_at(Err::PARSE, "a cookie mask only selects flows (del/mod/dump)", it.whole, it.pos);
+      if (mk.empty() && (cmd == FlowCmd::DELETE || cmd == FlowCmd::MATCH_ONLY))
+        return err_at(Err::PARSE, "cookie=V without a mask sets a cookie; to select flows give cookie=V/MASK "
+                                  "(cookie=V/-1: exactly V)", it.whole, it.pos);
+      if (mk.empty() && cmd == FlowCmd::MODIFY) {
+        out->set_cookie = true;
+        out->new_cookie = c;
+        continue;
+      }
       out->cookie = c;
-      out->cookie_mask = cm;
+      out->cookie_mask = mk.empty() ? 0 : cm;
       continue;
     }
     if (k == "duration" || k == "n_packets" || k == "n_bytes" || k == "idle_age" || k == "hard_age") {

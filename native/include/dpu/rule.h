@@ -110,7 +110,9 @@ struct FlowSpec {
   uint8_t table = 0;
   bool has_priority = false;
   uint16_t priority = kDefaultPriority;
-  uint64_t cookie = 0, cookie_mask = 0;
+  uint64_t cookie = 0, cookie_mask = 0;  // add: the cookie; else the flows selected (cookie=V/M)
+  bool set_cookie = false;                // mod: cookie=V without a mask gives the flows cookie V
+  uint64_t new_cookie = 0;
   Match match;
   bool has_actions = false;
   std::vector<OfAction> actions;
