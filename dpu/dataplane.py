@@ -260,6 +260,12 @@ def _tunnel_spec(
     strict: bool = False,
     ofport: int = 0,
 ) -> dict:
+    # The ranges the topology's uplink: section allows.
+    for what, v, lo, hi in (("ttl", ttl, 1, 255), ("mtu", mtu, 576, 10000), ("dst_port", dst_port, 1, 65535),
+                            ("src_port_range", src_port_range[0], 1, 65535),
+                            ("src_port_range", src_port_range[1], 1, 65535)):
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise InvalidArgumentError(f"tunnel port '{name}': {what} must be {lo}..{hi}, got {v!r}")
     return {
         "name": name,
         "ofport": ofport,

@@ -160,3 +160,25 @@ def test_a_huge_group_bucket_keeps_its_rewrites_and_counts_lost_copies():
     p1 = dp.stats()["ports"]["p1"]
     assert len(out) + p1["drops"]["no_buffer"] == 4 * 40000
     assert p1["dropped"] == 0 and len(out) > 0  # every packet got copies out
+
+
+def test_a_tunnels_underlay_cannot_be_deleted_alone_and_its_settings_are_checked():
+    """Deleting the underlay left the tunnel sending VXLAN to a port number
+    no port had; ttl=0, mtu=0 and dst_port=0 were taken (outer TTL 0)."""
+    dp = Dataplane(ports=["a", "up"])
+    tnl = dict(underlay="up", local_ip="192.0.2.1", local_mac="02:00:00:00:00:01", nexthop_mac="02:00:00:00:00:02")
+    dp.add_tunnel_port("vx", **tnl)
+    with pytest.raises(DpuError, match="cannot delete port 'up': tunnel port 'vx' sends through it"):
+        dp.del_port("up")
+    assert sorted(dp.ports) == ["a", "up", "vx"]
+    with dp.transaction() as t:  # both at once is fine
+        t.del_port("vx")
+        t.del_port("up")
+    assert sorted(dp.ports) == ["a"]
+    dp.add_port("up")
+    for bad, what in ((dict(ttl=0), "ttl must be 1..255"), (dict(mtu=0), "mtu must be 576..10000"),
+                      (dict(dst_port=0), "dst_port must be 1..65535"),
+                      (dict(src_port_range=(0, 10)), "src_port_range must be 1..65535")):
+        with pytest.raises(InvalidArgumentError, match=what):
+            dp.add_tunnel_port("vx", **tnl, **bad)
+    assert sorted(dp.ports) == ["a", "up"]

@@ -144,6 +144,11 @@ Status Dataplane::validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortI
     tp->add(ps.name, pi.ofport);
     add->push_back(pi);
   }
+  // A tunnel that stays must keep its underlay.
+  for (const PortInfo* p : ports_.all())
+    if (p->tunnel && !tp->deleted_.count(p->ofport) && tp->deleted_.count(p->tnl.underlay))
+      return Status::Error(Err::CONFLICT, "cannot delete port '" + ports_.port_name(p->tnl.underlay) +
+                                              "': tunnel port '" + p->name + "' sends through it (delete both)");
   return Status::Ok();
 }
 
