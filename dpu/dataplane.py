@@ -159,6 +159,10 @@ class Transaction:
 
     # ports
     def add_port(self, name: str, ofport: int = 0) -> None:
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"a port name is a string, not {type(name).__name__}")
+        if isinstance(ofport, bool) or not isinstance(ofport, int) or not 0 <= ofport <= 0xfeff:
+            raise InvalidArgumentError(f"port '{name}': ofport must be 0 (the next free) or 1..65279, got {ofport!r}")
         self.add_ports.append({"name": name, "ofport": ofport})
 
     def add_tunnel_port(self, name: str, **cfg: Any) -> None:
@@ -673,6 +677,12 @@ class Dataplane:
     def ct_config(self, timeouts: Optional[Dict[str, float]] = None, max_connections: Optional[int] = None) -> dict:
         """Sets (when given) and returns the conntrack timeouts in seconds
         (tcp_established, tcp_transitory, udp, icmp) and the connection limit."""
+        for k, v in (timeouts or {}).items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e9:
+                raise InvalidArgumentError(f"ct timeout {k!r} must be a number of seconds above 0, got {v!r}")
+        if max_connections is not None and (isinstance(max_connections, bool) or not isinstance(max_connections, int)
+                                            or not 1 <= max_connections <= 1 << 30):
+            raise InvalidArgumentError(f"max_connections must be 1..{1 << 30}, got {max_connections!r}")
         if timeouts or max_connections is not None:
             self._core.set_ct_config(dict(timeouts or {}), max_connections)
         return self._core.ct_config()

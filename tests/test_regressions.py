@@ -182,3 +182,17 @@ def test_a_tunnels_underlay_cannot_be_deleted_alone_and_its_settings_are_checked
         with pytest.raises(InvalidArgumentError, match=what):
             dp.add_tunnel_port("vx", **tnl, **bad)
     assert sorted(dp.ports) == ["a", "up"]
+
+
+def test_settings_of_the_wrong_type_are_refused_by_name():
+    """They reached the C++ binding, which said 'Unable to cast Python instance
+    to C++ type' (a RuntimeError)."""
+    dp = Dataplane()
+    for call, what in ((lambda: dp.ct_config(timeouts={"udp": "5"}), "ct timeout 'udp' must be a number"),
+                       (lambda: dp.ct_config(max_connections=1.5), "max_connections must be 1..1073741824"),
+                       (lambda: dp.ct_config(max_connections=2 ** 63), "max_connections must be 1..1073741824"),
+                       (lambda: dp.add_port(None), "a port name is a string, not NoneType"),
+                       (lambda: dp.add_port("x", ofport=-1), "ofport must be 0 .* or 1..65279")):
+        with pytest.raises(InvalidArgumentError, match=what):
+            call()
+    assert dp.ports == {} and dp.ct_config()["timeouts"]["udp"] == 300
