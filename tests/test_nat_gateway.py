@@ -269,13 +269,19 @@ def test_hairpin_to_own_floating_address(dp):
     assert (back[IP].src, back[UDP].sport, back[IP].dst, back[UDP].dport) == (BLUE_FLOATING, 53, VM1_IP, 7100)
 
 
+def _through_own_forward(dp, mac, ip, port, public):
+    """A SYN from (mac, ip) on `port` to the forward BLUE_SNAT:8080 reaches
+    vm2:80 from `public`, the sender's public address; vm2's SYN-ACK goes back
+    to the sender from BLUE_SNAT:8080."""
+    syn = one(dp.process(from_vm(mac, ip, BLUE_SNAT, TCP(sport=41000, dport=8080, flags="S")), in_port=port), "vm2")
+    assert (syn[IP].src, syn[IP].dst, syn[TCP].dport) == (public, VM2_IP, 80)
+    sa = one(dp.process(from_vm(VM2_MAC, VM2_IP, public, TCP(sport=80, dport=syn[TCP].sport, flags="SA")),
+                        in_port="vm2"), port)
+    assert (sa[IP].src, sa[TCP].sport, sa[IP].dst, sa[TCP].dport) == (BLUE_SNAT, 8080, ip, 41000)
+
+
 def test_hairpin_to_own_forward(dp):
-    inb = one(dp.process(from_vm(VM1_MAC, VM1_IP, BLUE_SNAT, TCP(sport=41000, dport=8080, flags="S")), in_port="vm1"),
-              "vm2")
-    assert (inb[IP].src, inb[IP].dst, inb[TCP].dport) == (BLUE_SNAT, VM2_IP, 80)
-    back = one(dp.process(from_vm(VM2_MAC, VM2_IP, BLUE_SNAT, TCP(sport=80, dport=inb[TCP].sport, flags="SA")),
-                          in_port="vm2"), "vm1")
-    assert (back[IP].src, back[TCP].sport, back[IP].dst, back[TCP].dport) == (BLUE_SNAT, 8080, VM1_IP, 41000)
+    _through_own_forward(dp, VM1_MAC, VM1_IP, "vm1", BLUE_SNAT)
 
 
 def test_machine_reaches_its_own_floating_address_and_forward(dp):
@@ -291,12 +297,7 @@ def test_machine_reaches_its_own_floating_address_and_forward(dp):
         assert_checksums(inb)
     back = one(dp.process(from_vm(VM2_MAC, VM2_IP, BLUE_FLOATING, UDP(sport=53, dport=7200)), in_port="vm2"), "vm2")
     assert (back[IP].src, back[UDP].sport, back[IP].dst, back[UDP].dport) == (BLUE_FLOATING, 53, VM2_IP, 7200)
-    syn = one(dp.process(from_vm(VM2_MAC, VM2_IP, BLUE_SNAT, TCP(sport=41000, dport=8080, flags="S")), in_port="vm2"),
-              "vm2")
-    assert (syn[IP].src, syn[IP].dst, syn[TCP].dport) == (BLUE_FLOATING, VM2_IP, 80)
-    sa = one(dp.process(from_vm(VM2_MAC, VM2_IP, BLUE_FLOATING, TCP(sport=80, dport=syn[TCP].sport, flags="SA")),
-                        in_port="vm2"), "vm2")
-    assert (sa[IP].src, sa[TCP].sport, sa[IP].dst, sa[TCP].dport) == (BLUE_SNAT, 8080, VM2_IP, 41000)
+    _through_own_forward(dp, VM2_MAC, VM2_IP, "vm2", BLUE_FLOATING)
     assert drops(dp, "blue") == {}
     # A frame vm2 switches to its own MAC is still never sent back to it.
     assert dp.process(Ether(src=VM2_MAC, dst=VM2_MAC) / IP(src=VM2_IP, dst=VM2_IP) / UDP(), in_port="vm2") == []
