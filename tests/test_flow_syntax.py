@@ -46,6 +46,10 @@ ROUND_TRIP = [
      "load:0x2->NXM_OF_ARP_OP[],move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[]"),
     ("actions=load:0x1->reg0[0..3],move:reg0[0..3]->reg1[4..7],resubmit(vm2,3)", "",
      "load:0x1->NXM_NX_REG0[0..3],move:NXM_NX_REG0[0..3]->NXM_NX_REG1[4..7],resubmit(vm2,3)"),
+    # mod_nw_ttl/mod_nw_ecn need no ip in the match, as in OVS: they dump as written
+    ("actions=mod_nw_ttl:9,mod_nw_ecn:2,output:vm2", "", "mod_nw_ttl:9,mod_nw_ecn:2,output:vm2"),
+    ("ip,actions=load:0x28->NXM_OF_IP_TOS[],move:NXM_OF_IN_PORT[]->NXM_NX_REG0[0..15]", "ip",
+     "load:0x28->NXM_OF_IP_TOS[],move:NXM_OF_IN_PORT[]->NXM_NX_REG0[0..15]"),
     ("ip,actions=set_field:10.1.1.1->ip_dst,set_field:0x5->tun_id,output:vm2", "ip",
      "set_field:10.1.1.1->nw_dst,set_field:0x5->tun_id,output:vm2"),
     ("tcp,tcp_flags=+syn-ack,actions=drop", "tcp,tcp_flags=+syn-ack", "drop"),

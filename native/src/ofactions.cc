@@ -27,6 +27,9 @@ struct ActCtx {
   bool ct_exec = false;  // inside ct(exec(...)): ct_mark and ct_label may be written
 };
 
+// OfAction::arg of a SET_FIELD written as mod_nw_ttl:V or mod_nw_ecn:V.
+constexpr uint32_t kWrittenAsMod = 1;
+
 // ct_mark and ct_label are written only by ct(commit, exec(...)).
 bool ct_writable(const FieldDef& f, const ActCtx& c) {
   return c.ct_exec && (f.id == FieldId::CT_MARK || f.id == FieldId::CT_LABEL);
@@ -156,6 +159,10 @@ Status parse_set_field(const Item& it, const ActCtx& c, OfAction* a) {
 }
 std::string format_set_field(const OfAction& a, const char*, const PortNames* ports) {
   const FieldDef& f = field_def(a.field);
+  // Written as mod_nw_ttl/mod_nw_ecn, which need no ip in the match (the
+  // set_field spelling would): dumped the same way, so that it reads back.
+  if (a.arg == kWrittenAsMod) return std::string(a.field == FieldId::NW_TTL ? "mod_nw_ttl:" : "mod_nw_ecn:") +
+                                     format_field_value(f, a.value, a.mask, ports);
   return "set_field:" + format_field_value(f, a.value, a.mask, ports) + "->" + f.name;
 }
 
@@ -608,6 +615,7 @@ Status parse_mod_nw_alias(const Item& it, FieldId id, OfAction* a) {
   s = parse_field_value(f, it.value, nullptr, &a->value, &m, false);
   if (!s.ok()) return at_value(s, it);
   a->mask = field_all_ones(f);
+  a->arg = kWrittenAsMod;
   return Status::Ok();
 }
 
