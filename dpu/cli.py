@@ -107,8 +107,7 @@ class _atomic_output:
 
     def __init__(self, path: str, what: str) -> None:
         self.user_path = path
-        if os.path.islink(path) and not _names_a_descriptor(path):
-            path = os.path.realpath(path)  # write where the link points, keep the link
+        path = _follow_links(path)  # write where a link points, keep the link
         st = _stat(path, what)
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise DpuIOError(f"{path}: is a directory ({what} takes a file name)", file=path, reason="Is a directory")
@@ -143,6 +142,18 @@ class _atomic_output:
             exc.args = tuple(a.replace(self.tmp, self.user_path) if isinstance(a, str) else a for a in exc.args)
             exc.message = exc.message.replace(self.tmp, self.user_path)
         return False
+
+
+def _follow_links(path: str) -> str:
+    """Where writing `path` writes: its symbolic links followed, one at a time,
+    up to a path that names a descriptor (/dev/stdout, a link to it: written
+    as it is, never resolved into /proc/PID/fd/pipe:[N]) or that is no link."""
+    for _ in range(40):  # as the kernel's ELOOP limit
+        if _names_a_descriptor(path) or not os.path.islink(path):
+            return path
+        target = os.readlink(path)
+        path = target if os.path.isabs(target) else os.path.join(os.path.dirname(path) or ".", target)
+    return path
 
 
 def _names_a_descriptor(path: str) -> bool:

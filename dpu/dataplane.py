@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import io
+import numbers
 import os
 import re
 import stat
@@ -161,9 +162,9 @@ class Transaction:
     def add_port(self, name: str, ofport: int = 0) -> None:
         if not isinstance(name, str):
             raise InvalidArgumentError(f"a port name is a string, not {type(name).__name__}")
-        if isinstance(ofport, bool) or not isinstance(ofport, int) or not 0 <= ofport <= 0xfeff:
+        if not _is_int(ofport) or not 0 <= ofport <= 0xfeff:
             raise InvalidArgumentError(f"port '{name}': ofport must be 0 (the next free) or 1..65279, got {ofport!r}")
-        self.add_ports.append({"name": name, "ofport": ofport})
+        self.add_ports.append({"name": name, "ofport": int(ofport)})
 
     def add_tunnel_port(self, name: str, **cfg: Any) -> None:
         self.add_ports.append(_tunnel_spec(name, **cfg))
@@ -231,14 +232,18 @@ class Transaction:
             self.result = self._dp._core.apply(self.add_ports, self.del_ports, self.ops, self.tenants,
                                                self.create_ports, self.ct_zones, self.nat_static)
         except DpuError as e:
-            # e.line: the op that failed (1-based); a lone op's error may not say.
-            index = e.line if e.line is not None else (1 if len(self.ops) == 1 else None)
+            # e.line: the op that failed (1-based); a lone op's error may not say
+            # (when nothing else in the transaction could have failed).
+            lone = len(self.ops) == 1 and not (self.add_ports or self.del_ports or self.tenants is not None
+                                               or self.ct_zones is not None or self.nat_static is not None)
+            index = e.line if e.line is not None else (1 if lone else None)
             for first, order, path in self._numbered:
                 if index is not None and first <= index < first + len(order):
                     e.line = order[index - first][0]
                     if path:
                         e.file = path
-                    e.args = (_relocate(e, path),)
+                    e.message = _relocate(e, path)
+                    e.args = (e.message,)
             raise
         return self.result
 
@@ -268,8 +273,10 @@ def _tunnel_spec(
     for what, v, lo, hi in (("ttl", ttl, 1, 255), ("mtu", mtu, 576, 10000), ("dst_port", dst_port, 1, 65535),
                             ("src_port_range", src_port_range[0], 1, 65535),
                             ("src_port_range", src_port_range[1], 1, 65535)):
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        if not _is_int(v) or not lo <= v <= hi:
             raise InvalidArgumentError(f"tunnel port '{name}': {what} must be {lo}..{hi}, got {v!r}")
+    if ":" in str(local_ip) and mtu < 1280:  # IPv6's minimum link MTU (RFC 8200)
+        raise InvalidArgumentError(f"tunnel port '{name}': an IPv6 underlay's mtu must be 1280..10000, got {mtu}")
     return {
         "name": name,
         "ofport": ofport,
@@ -294,6 +301,16 @@ _REPLY_HEADER = re.compile(r"^(?:OFPST|NXST)_[A-Z_]+ reply\b")
 
 def _is_flow_line(line: str) -> bool:
     return bool(line) and not line.startswith("#") and not _REPLY_HEADER.match(line)
+
+
+def _is_int(v: Any) -> bool:
+    """An integer (numpy's too), not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    """A real number (numpy's too), not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
 def _numbered_lines(flows: Union[str, Iterable[str]]) -> List[Tuple[int, str]]:
@@ -678,9 +695,11 @@ class Dataplane:
         """Sets (when given) and returns the conntrack timeouts in seconds
         (tcp_established, tcp_transitory, udp, icmp) and the connection limit."""
         for k, v in (timeouts or {}).items():
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e9:
+            if not isinstance(k, str):
+                raise InvalidArgumentError(f"a ct timeout is named by a string, not {k!r}")
+            if not _is_number(v) or not 0 < v < 1e9:
                 raise InvalidArgumentError(f"ct timeout {k!r} must be a number of seconds above 0, got {v!r}")
-        if max_connections is not None and (isinstance(max_connections, bool) or not isinstance(max_connections, int)
+        if max_connections is not None and (not _is_int(max_connections)
                                             or not 1 <= max_connections <= 1 << 30):
             raise InvalidArgumentError(f"max_connections must be 1..{1 << 30}, got {max_connections!r}")
         if timeouts or max_connections is not None:
@@ -703,7 +722,7 @@ class Dataplane:
 
     def warp(self, seconds: float) -> None:
         """Advances this dataplane's clock (tests: flow durations, later aging)."""
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < 1e9:
+        if not _is_number(seconds) or not 0 <= seconds < 1e9:
             raise InvalidArgumentError(f"warp takes seconds to jump ahead, 0 or more, got {seconds!r}")
         self._core.warp(int(seconds * 1e9))
 

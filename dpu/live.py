@@ -442,6 +442,9 @@ def check_ctl_path(path: str) -> None:
     n = len(os.fsencode(path))
     if n > MAX_SOCKET_PATH:
         raise LiveError(f"--ctl {path}: too long for a unix socket ({n} bytes; at most {MAX_SOCKET_PATH})")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise LiveError(f"--ctl {path}: is a symbolic link to nothing (dpu replaces only a stale socket; "
+                        "choose another --ctl)")
     try:
         st = os.stat(path)
     except OSError:

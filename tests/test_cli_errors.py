@@ -249,6 +249,20 @@ def test_output_through_a_symbolic_link_keeps_the_link(work):
     assert len(gen.read_pcap(str(work / "target.pcap"))) == 3
 
 
+def test_output_through_a_link_to_dev_stdout_writes_the_stream(work):
+    """A link whose target names a descriptor is written as that stream, not
+    resolved into /proc/PID/fd/pipe:[N], which cannot be opened."""
+    os.symlink("/dev/stdout", work / "out.pcap")
+    r = subprocess.run(f"{sys.executable} -m dpu.cli gen 'Ether()/IP()/UDP()' -n 3 -o out.pcap | cat > got.pcap",
+                       shell=True, cwd=work, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0 and "wrote 3 packets to out.pcap" in r.stderr, r.stderr
+    assert os.readlink(work / "out.pcap") == "/dev/stdout"
+    from dpu import gen
+
+    assert len(gen.read_pcap(str(work / "got.pcap"))) == 3
+
+
 def test_output_to_dev_stdout_writes_the_stream(work):
     """-o /dev/stdout (a link to /proc/self/fd/1) writes the capture into the
     redirected stdout, the summary to stderr, and leaves /dev/stdout a link.
@@ -516,3 +530,19 @@ def test_ctl_with_offline_inputs_is_refused(work, args, needle):
     offline says so, instead of quietly ignoring one of them."""
     r = dpu(*[a.format(ctl=work / "x.ctl", work=work) for a in args])
     one_error(r, needle, code=2)
+
+
+def test_ctl_path_checks_before_anything_starts(work):
+    """dpu run's --ctl: a regular file, a directory, a link to nothing or a
+    path longer than sun_path is refused (dpu replaces only a stale socket)."""
+    from dpu.errors import LiveError
+    from dpu.live import check_ctl_path
+
+    os.symlink(work / "nowhere", work / "dangling.ctl")
+    for path, words in ((work / "fwd.txt", "a file that is not a socket"), (work, "a directory"),
+                        (work / "dangling.ctl", "a symbolic link to nothing"),
+                        (work / ("x" * 120), "too long for a unix socket")):
+        with pytest.raises(LiveError, match=words):
+            check_ctl_path(str(path))
+    assert os.path.islink(work / "dangling.ctl") and (work / "fwd.txt").read_text() == FWD
+    check_ctl_path(str(work / "new.ctl"))  # nothing there yet: fine

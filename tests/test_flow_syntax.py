@@ -137,6 +137,16 @@ def test_add_flows_is_all_or_nothing_and_names_the_line():
     assert [f.match for f in dp.dump_flows()] == ["priority=1"]
 
 
+def test_a_port_error_is_not_blamed_on_the_one_flow_beside_it():
+    dp = Dataplane(ports=["a"])
+    t = dp.transaction()
+    t.add_port("a")  # exists already
+    t.add_flows("# my flows\n\npriority=5,actions=drop")
+    with pytest.raises(DpuError) as ei:
+        t.commit()
+    assert ei.value.line is None and "line" not in str(ei.value) and "already exists" in str(ei.value)
+
+
 def test_add_flows_text_errors_name_the_text_line():
     """A multi-line string's error names its line (comments and blank lines
     count), and flows on top of a topology name their own place, not one
@@ -144,7 +154,7 @@ def test_add_flows_text_errors_name_the_text_line():
     dp = dp_with("priority=1,actions=drop")
     with pytest.raises(UnknownFieldError) as ei:
         dp.add_flows("# c\npriority=2,actions=drop\n\n# c\nnw_dsst=1,actions=drop")
-    assert ei.value.line == 5 and str(ei.value).startswith("line 5: ")
+    assert ei.value.line == 5 and str(ei.value).startswith("line 5: ") and ei.value.message == str(ei.value)
     topo = os.path.join(os.path.dirname(__file__), "..", "examples", "topology.yaml")
     with pytest.raises(UnknownFieldError) as ei:
         Dataplane().load_topology(topo, flows=["priority=1,actions=drop", "nw_dsst=1,actions=drop"])
@@ -354,6 +364,13 @@ def test_values_past_their_width_and_repeated_flags_are_refused():
         with pytest.raises(BadValueError, match="given more than once"):
             dp.add_flow(flow)
     assert not dp.dump_flows()
+    # a digit larger than a narrow field holds (its overflow check must not wrap)
+    for flow, words in (("ip,nw_ecn=5,actions=drop", "at most 2 bits"),
+                        ("ip,actions=load:8->NXM_NX_REG0[0..2]", "does not fit in 3 bits"),
+                        ("ip,actions=load:0x1f->NXM_NX_REG0[0]", "does not fit in 1 bits")):
+        with pytest.raises(BadValueError, match=words):
+            dp.add_flow(flow)
+    assert not dp.dump_flows()
     dp.add_flow("ct_state=+trk,ct_label=0x" + "f" * 32 + ",actions=drop")
     assert dp.dump_flows()[0].spec.endswith("ct_label=0x" + "f" * 32 + ",actions=drop")
 
@@ -372,3 +389,7 @@ def test_api_arguments_of_the_wrong_kind_are_refused():
     import numpy as np
 
     assert dp.process(np.frombuffer(bytes(64), dtype=np.uint8), in_port="vm1") == []  # a buffer is a packet
+    dp.warp(np.int64(1))  # numpy numbers are numbers
+    assert dp.ct_config(max_connections=np.int64(1000))["max_connections"] == 1000
+    with pytest.raises(InvalidArgumentError, match="named by a string"):
+        dp.ct_config(timeouts={1: 30})

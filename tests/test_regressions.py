@@ -178,9 +178,10 @@ def test_a_tunnels_underlay_cannot_be_deleted_alone_and_its_settings_are_checked
     dp.add_port("up")
     for bad, what in ((dict(ttl=0), "ttl must be 1..255"), (dict(mtu=0), "mtu must be 576..10000"),
                       (dict(dst_port=0), "dst_port must be 1..65535"),
-                      (dict(src_port_range=(0, 10)), "src_port_range must be 1..65535")):
+                      (dict(src_port_range=(0, 10)), "src_port_range must be 1..65535"),
+                      (dict(local_ip="2001:db8::1", mtu=600), "an IPv6 underlay's mtu must be 1280..10000")):
         with pytest.raises(InvalidArgumentError, match=what):
-            dp.add_tunnel_port("vx", **tnl, **bad)
+            dp.add_tunnel_port("vx", **{**tnl, **bad})
     assert sorted(dp.ports) == ["a", "up"]
 
 

@@ -309,7 +309,7 @@ bool parse_uint(std::string_view s, int bits, u128* out) {
     // product may wrap to a larger number: compare before multiplying).
     const u128 max = bits < 128 ? ones(bits) : ~u128{0};
     const unsigned base = hex ? 16 : 10;
-    if (v > (max - static_cast<unsigned>(d)) / base) return false;
+    if (static_cast<u128>(d) > max || v > (max - static_cast<unsigned>(d)) / base) return false;
     v = v * base + static_cast<unsigned>(d);
   }
   *out = v;
