@@ -392,11 +392,11 @@ class Dataplane:
 
     def __init__(self, ports: Iterable[str] = (), flows: Union[None, str, Iterable[str]] = None,
                  workers: int = 1) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 64:
+        if not _is_int(workers) or not 1 <= workers <= 64:
             raise InvalidArgumentError(f"workers must be 1..64, got {workers!r}")
         if isinstance(ports, (str, bytes)):  # list("vm1") would be three ports
             raise InvalidArgumentError(f"ports is a list of port names, not one string ({ports!r})")
-        self._core = _core.Dataplane(workers)
+        self._core = _core.Dataplane(int(workers))
         self.topology = None
         names = list(ports)
         if names or flows:
@@ -735,9 +735,9 @@ class Dataplane:
 
 
 def _zone(zone) -> int:
-    if isinstance(zone, bool) or not isinstance(zone, int) or not 0 <= zone <= 65535:
+    if not _is_int(zone) or not 0 <= zone <= 65535:
         raise InvalidArgumentError(f"zone must be 0..65535, got {zone!r}")
-    return zone
+    return int(zone)
 
 
 def _relocate(e: DpuError, path: str) -> str:
