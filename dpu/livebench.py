@@ -19,6 +19,15 @@ under test (or the ceiling's receiver) to the others, so the generator never
 takes the device's core. A device with more threads than the remaining CPUs
 runs unpinned, and its result says so ("pinned": false).
 
+Where the kernel's receive work for in0 runs (``kernel_rx``): "gen", the
+default, leaves it on the sending CPU, so the blaster's CPU also runs in0's
+XDP program and AF_XDP's copy, and an AF_XDP device is measured at what that
+CPU can offer. "dut" turns on threaded NAPI for in0 (GRO on, so that a veth
+runs NAPI without XDP too) and pins its kernel thread to the device's CPU:
+the one-core case of a real NIC whose interrupts land on the forwarding core,
+where a device that polls without ever yielding starves the kernel's receive
+work (receive livelock) and one that yields shares the core with it.
+
 Everything lives in namespaces this module creates (names dpub<pid>-*) and
 deletes; nothing is configured in the machine's own namespace. Needs root.
 """
@@ -26,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -66,8 +76,11 @@ def _sh(*args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
 class Rig:
     """Three namespaces and two veth pairs (see the module docstring)."""
 
-    def __init__(self, queues: int = 1) -> None:
+    def __init__(self, queues: int = 1, kernel_rx: str = "gen") -> None:
+        if kernel_rx not in ("gen", "dut"):
+            raise BenchError(f"kernel_rx must be gen or dut, not {kernel_rx!r}")
         self.queues = queues
+        self.kernel_rx = kernel_rx
         cpus = sorted(os.sched_getaffinity(0))
         self.gen_cpus = cpus[:1] if len(cpus) >= 2 else []
         self.dut_cpus = cpus[1:] if len(cpus) >= 2 else []
@@ -90,6 +103,9 @@ class Rig:
                     "netns", nb, "address", mb, *q)
                 _sh("ip", "-n", na, "link", "set", a, "up")
                 _sh("ip", "-n", nb, "link", "set", b, "up")
+            if kernel_rx == "dut":
+                _sh(*self.exec("dut", "ethtool", "-K", "in0", "gro", "on"))
+                _sh(*self.exec("dut", "sh", "-c", "echo 1 > /sys/class/net/in0/threaded"))
         except BaseException:
             self.close()
             raise
@@ -128,6 +144,19 @@ class Rig:
         are left out when the rest give each thread a CPU, else none (unpinned)."""
         return self.dut_cpus if 0 < threads <= len(self.dut_cpus) else []
 
+    def pin_kernel_rx(self) -> None:
+        """With kernel_rx "dut": in0's NAPI threads onto the device's CPUs. A device that
+        attaches XDP (or a change of queues) makes new ones, so this runs before each
+        measurement. Their names do not say which namespace's in0 they serve: all of
+        them are moved (the rigs of one run are made one after the other)."""
+        if self.kernel_rx != "dut" or not self.dut_cpus:
+            return
+        pids = _sh("pgrep", "^napi/in0-", check=False).stdout.split()
+        if not pids:
+            raise BenchError("kernel_rx dut: in0 has no NAPI thread (threaded NAPI not supported?)")
+        for pid in pids:
+            _sh("taskset", "-pc", ",".join(map(str, self.dut_cpus)), pid, check=False)
+
     def sink_rx(self) -> int:
         out = _sh("ip", "-n", self.ns["sink"], "-s", "-j", "link", "show", "s0").stdout
         return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
@@ -145,6 +174,7 @@ class Rig:
                                                                  str(seconds + WARM_S))),
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(0.3)
+        self.pin_kernel_rx()
         b = self.blaster(pcap, seconds + WARM_S)
         sent = _json(b)
         got = _json(counter)
@@ -154,6 +184,7 @@ class Rig:
         """The blaster into g0 for warm-up + seconds; the sink's count over the last `seconds`.
         `busy()`, when given, returns the device's (busy ns, busy + idle ns) so far: their
         share over the same window is its load at the rate it forwarded."""
+        self.pin_kernel_rx()
         b = self.blaster(pcap, WARM_S + seconds + 0.5)
         time.sleep(WARM_S)
         b0 = busy() if busy else None
@@ -372,6 +403,16 @@ class OvsRun:
     def appctl(self, *args: str) -> None:
         _sh(*self.rig.exec("dut", "ovs-appctl", "-t", f"{self.dir}/vswitchd.ctl", *args), env=self.env)
 
+    def busy(self):
+        """The PMD threads' processing and processing + idle cycles so far
+        (dpif-netdev/pmd-stats-show), or None when no PMD thread has polled a packet
+        (ports of type system are read by the main thread). OVS counts an iteration
+        that received packets as processing, one that received none as idle: the same
+        share as dpu's busy time (rounds that got packets over all rounds)."""
+        out = _sh(*self.rig.exec("dut", "ovs-appctl", "-t", f"{self.dir}/vswitchd.ctl",
+                                 "dpif-netdev/pmd-stats-show"), env=self.env).stdout
+        return pmd_cycles(out)
+
     def close(self) -> str:
         for p in reversed(self.procs):
             p.send_signal(signal.SIGTERM)
@@ -380,6 +421,24 @@ class OvsRun:
             except subprocess.TimeoutExpired:
                 p.kill()
         return ""
+
+
+def pmd_cycles(stats: str):
+    """(processing, processing + idle) cycles summed over the "pmd thread" sections of
+    `ovs-appctl dpif-netdev/pmd-stats-show`, or None if they processed nothing."""
+    busy = idle = 0
+    in_pmd = False
+    for line in stats.splitlines():
+        if not line.startswith(" "):
+            in_pmd = line.startswith("pmd thread")
+            continue
+        m = re.match(r"\s+(idle|processing) cycles:\s*(\d+)", line)
+        if in_pmd and m:
+            if m.group(1) == "idle":
+                idle += int(m.group(2))
+            else:
+                busy += int(m.group(2))
+    return (busy, busy + idle) if busy else None
 
 
 # ---- scenarios --------------------------------------------------------------------------------------
@@ -396,7 +455,7 @@ def _summary(rig: Rig, runs: List[dict], cpus: List[int]) -> dict:
            "runs_mpps": [r["mpps"] for r in runs], "pinned": bool(cpus), "gen_cpus": rig.gen_cpus,
            "dut_cpus": cpus}
     busy = [r["busy_ratio"] for r in runs if r.get("busy_ratio")]
-    if busy:
+    if busy and rig.kernel_rx == "gen":  # else the kernel's receive work shares the CPU, uncounted
         # The load at the forwarded rate, and the rate it points to at full load: an
         # estimate (smaller batches at a lower rate cost more per packet), for when the
         # generator cannot offer more than the device forwards.
@@ -434,15 +493,19 @@ def measure(rig: Rig, duts, pcap: str, repeat: int) -> dict:
 
 
 def run_live(name: str, repeat: int = 3, workers=(1, 2), io=("afpacket",), flows=FLOW_COUNTS, ovs: bool = False,
-             burst: Optional[int] = None):
+             burst: Optional[int] = None, kernel_rx: str = "gen"):
     """One result per (flows, io, workers) for dpu (and per (flows, port type) for OVS):
     dicts with the JSON fields of ``dpu bench``, or with "error" for a device that could
     not start (an I/O backend this machine lacks). dpu takes `burst` frames a batch
     (``dpu run --burst``; None: its default). All of a flow count's devices are measured
     on one rig, in turns (measure())."""
     scenario = LIVE_SCENARIOS[name]
+    if kernel_rx == "dut" and "afpacket" in io:
+        # dpu turns GRO off on an AF_PACKET port (frames as on the wire), and a veth without
+        # GRO or XDP has no NAPI: its receive work would run on the generator's CPU again.
+        raise BenchError("kernel_rx dut applies to AF_XDP devices only (--io afxdp)")
     out = []
-    with Rig(queues=max(workers)) as rig:
+    with Rig(queues=max(workers), kernel_rx=kernel_rx) as rig:
         for n_flows in flows:
             pcap = traffic(scenario, n_flows, os.path.join(rig.tmp, f"{scenario}-{n_flows}.pcap"))
             ceiling = rig.raw_ceiling(pcap)
@@ -457,7 +520,7 @@ def run_live(name: str, repeat: int = 3, workers=(1, 2), io=("afpacket",), flows
 
             duts = [(("dpu", kind, w), lambda kind=kind, w=w: start_dpu(kind, w)) for kind in io for w in workers]
             if ovs:
-                duts += [(("ovs", ptype, 1), lambda ptype=ptype: start_ovs(ptype)) for ptype in ("system", "afxdp")]
+                duts += [(("ovs", ptype, 1), lambda ptype=ptype: start_ovs(ptype)) for ptype in (("system", "afxdp") if kernel_rx == "gen" else ("afxdp",))]
             results = measure(rig, duts, pcap, repeat)
             for (dut, kind, w), r in results.items():
                 io_name = "afpacket" if kind == "system" else kind
@@ -467,7 +530,8 @@ def run_live(name: str, repeat: int = 3, workers=(1, 2), io=("afpacket",), flows
                 res = {"scenario": name, "dut": dut, "io": io_name, "workers": w, "flows": n_flows}
                 if dut == "dpu":
                     res["burst"] = burst or _core.DEFAULT_BURST
-                res.update({"packet_size": 64, "repeat": repeat, "raw_ceiling_mpps": ceiling["mpps"]})
+                res.update({"packet_size": 64, "repeat": repeat, "raw_ceiling_mpps": ceiling["mpps"],
+                            "kernel_rx": kernel_rx})
                 if dut == "dpu":
                     res["ceiling_ratio"] = round(r["mpps"] / ceiling["mpps"], 3) if ceiling["mpps"] else None
                 out.append({**res, **r})
@@ -480,9 +544,11 @@ def render(res: dict) -> str:
     return (f"{res['scenario']:<11} {res['dut']:<4} {res['io']:<8} workers={res['workers']} flows={res['flows']:<6} "
             f"{res['mpps']:6.3f} Mpps forwarded (offered {res['offered_mpps']:.3f}, raw ceiling "
             f"{res['raw_ceiling_mpps']:.3f}; "
-            + (f"cpus {','.join(map(str, res['dut_cpus']))}, generator on {','.join(map(str, res['gen_cpus']))})"
+            + (f"cpus {','.join(map(str, res['dut_cpus']))}, generator on {','.join(map(str, res['gen_cpus']))}"
+               + (", kernel rx on the device's cpus)" if res.get("kernel_rx") == "dut" else ")")
                if res.get("pinned") else "unpinned)")
-            + (f"; workers {res['busy_ratio']:.0%} busy: about {res['saturation_mpps_est']:.3f} Mpps at full load"
+            + (f"; {'workers' if res['dut'] == 'dpu' else 'PMD'} {res['busy_ratio']:.0%} busy: about "
+               f"{res['saturation_mpps_est']:.3f} Mpps at full load"
                if res.get("busy_ratio") else ""))
 
 
