@@ -31,7 +31,7 @@ with open(dpu._core.__file__, "rb") as _so:
         pytest.skip("this build has no AF_XDP (install libxdp-dev libbpf-dev pkg-config, rebuild)",
                     allow_module_level=True)
 
-from livelab import SERVER_IP, Lab  # noqa: E402
+from livelab import SERVER_IP, VMS, Lab  # noqa: E402
 from netns import ip, nsexec, sh  # noqa: E402
 from test_live import MB  # noqa: E402
 
@@ -175,6 +175,39 @@ def test_interface_down_and_up_while_running(lab):
     assert any(lab.ping("rblue", "10.0.0.11", count=1) for _ in range(20)), "traffic resumes"
     assert lab.ping("rblue", "10.0.0.11")
     d.stop()
+
+
+def test_interface_created_again_is_reattached(lab):
+    """The VM's interface deleted and made again under the same name: dpu binds a new AF_XDP
+    socket to it (the XDP program attached to the new interface) and traffic goes on."""
+    lab.set_queues(1)
+    d = lab.start_dpu(extra=AFXDP)
+    try:
+        assert lab.ping("rblue", "10.0.0.11")
+        _, mac, addr, gw = VMS["vm1"]
+        ip(lab.ns["dpu"], "link", "del", "vm1")
+        # Made as the lab makes it (two queues at most, one in use), under another name first,
+        # so that dpu meets it whole.
+        two = ("numrxqueues", "2", "numtxqueues", "2")
+        mtu = str(lab.underlay_mtu - 50)
+        sh("ip", "link", "add", "name", "vm1new", "netns", lab.ns["dpu"], "mtu", mtu, *two, "type", "veth", "peer",
+           "name", "eth0", "netns", lab.ns["vm1"], "address", mac, "mtu", mtu, *two)
+        nsexec(lab.ns["vm1"], "ethtool", "-K", "eth0", "tx", "off")
+        for ns, dev in ((lab.ns["dpu"], "vm1new"), (lab.ns["vm1"], "eth0")):
+            nsexec(ns, "ethtool", "-L", dev, "rx", "1", "tx", "1")
+        ip(lab.ns["dpu"], "link", "set", "vm1new", "name", "vm1")
+        for ns, dev in ((lab.ns["dpu"], "vm1"), (lab.ns["vm1"], "eth0")):
+            ip(ns, "link", "set", dev, "up")
+        ip(lab.ns["vm1"], "addr", "add", addr, "dev", "eth0")
+        ip(lab.ns["vm1"], "route", "add", "default", "via", gw)
+        assert any(lab.ping("rblue", "10.0.0.11", count=1) for _ in range(20)), "traffic reaches the new interface"
+        assert "vm1" in lab.xdp_attached()
+        tcp_both_ways(lab, 5301, 2 * MB)
+    finally:
+        rc, _, err = d.stop()
+    assert rc == 0
+    assert "interface vm1 was created again: reattached" in err, err
+    assert lab.xdp_attached() == [], "the new interface's program is detached at exit too"
 
 
 def test_generic_xdp_when_the_driver_refuses_native(lab):

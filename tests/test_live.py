@@ -24,7 +24,7 @@ if os.geteuid() != 0:
 if not shutil.which("ethtool") or not shutil.which("ping"):
     pytest.skip("live tests need ethtool and ping (apt-get install ethtool iputils-ping)", allow_module_level=True)
 
-from livelab import INET_ROUTER_MAC, ROOT, SERVER_IP, VTEP_MAC, Lab  # noqa: E402
+from livelab import INET_ROUTER_MAC, ROOT, SERVER_IP, VMS, VTEP_MAC, Lab  # noqa: E402
 
 MB = 1 << 20
 
@@ -320,6 +320,50 @@ def test_interface_down_and_up_while_running(lab):
     vm1 = [q for q in d.stats()["interfaces"] if q["ifname"] == "vm1"]
     assert vm1 and vm1[0]["link_errors"] >= 1, vm1
     d.stop()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_interface_created_again_is_reattached(lab, workers):
+    """A VM restarts: its tap (here its veth) is deleted and made again under the same
+    name, with a new ifindex. dpu's sockets are bound to the old one; it opens them
+    again on the new one and traffic goes on, both ways, without a restart."""
+    d = lab.start_dpu(workers=workers)
+    try:
+        assert lab.ping("rblue", "10.0.0.11")
+        sent = d.stats()["ports"]["vm1"]["tx_packets"]
+        _, mac, addr, gw = VMS["vm1"]
+        ip(lab.ns["dpu"], "link", "del", "vm1")
+        dropped = d.stats()["ports"]["vm1"]["tx_dropped"]
+        assert not lab.ping("rblue", "10.0.0.11", count=2)
+        assert d.stats()["ports"]["vm1"]["tx_dropped"] >= dropped + 2, "what could not be sent is counted"
+        lab._veth(lab.ns["dpu"], "vm1", lab.ns["vm1"], "eth0", mac, lab.underlay_mtu - 50)
+        ip(lab.ns["vm1"], "addr", "add", addr, "dev", "eth0")
+        ip(lab.ns["vm1"], "route", "add", "default", "via", gw)
+        deadline = time.monotonic() + 10
+        while not lab.ping("rblue", "10.0.0.11", count=1) and time.monotonic() < deadline:
+            pass
+        assert lab.ping("rblue", "10.0.0.11"), "traffic reaches the VM on its new interface"
+        assert lab.ping("vm1", "10.0.0.21"), "and leaves it"
+        assert d.proc.poll() is None
+        st = d.stats()
+        assert st["ports"]["vm1"]["tx_packets"] >= sent + 3, "the port's counters go on"
+        if workers == 2:
+            # Each worker opened its own socket of the new vm1 (one fanout group): 64 flows
+            # from the VM reach both. A worker still on the old socket would see none.
+            before = [w["packets"] for w in d.stats()["workers"][1:]]
+            send = ("import socket\n"
+                    "for p in range(40000, 40064):\n"
+                    "    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                    "    s.bind(('10.0.0.11', p)); s.sendto(b'x', ('10.0.0.21', 9)); s.close()\n")
+            nsexec(lab.ns["vm1"], sys.executable, "-c", send)
+            time.sleep(0.5)
+            after = [w["packets"] for w in d.stats()["workers"][1:]]
+            assert all(a > b for a, b in zip(after, before)), (before, after)
+            assert lab.transfer("vm1", "rblue", "10.0.0.11", 5201, 2 * MB) == "10.0.0.21"
+    finally:
+        rc, _, err = d.stop()
+    assert rc == 0
+    assert err.count("interface vm1 was created again: reattached") == 1, err
 
 
 # ---- jumbo frames ------------------------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 // live.cc: worker threads over port queues (see live.h).
 #include "live.h"
 
+#include <net/if.h>
 #include <poll.h>
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 namespace dpu {
 
@@ -41,10 +44,14 @@ Status LiveRunner::start() {
   else if (cfg_.io == "afxdp") open_queue = open_afxdp_queue;
   else return Status::Error(Err::INVALID, "unknown I/O backend '" + cfg_.io + "' (afpacket, afxdp)");
   if (cfg_.first_worker >= dp_->n_workers()) return Status::Error(Err::INVALID, "no worker left for the ports");
+  open_queue_ = open_queue;
   const size_t n_workers = dp_->n_workers() - cfg_.first_worker;
   queues_.clear();
   queues_.resize(n_workers);
   queue_port_.assign(n_workers, {});
+  queue_spec_.assign(n_workers, {});
+  queue_ifindex_.assign(n_workers, {});
+  queue_failed_.assign(n_workers, {});
   const int fanout_base = (getpid() & 0xfff) << 4;
   for (size_t pi = 0; pi < cfg_.ports.size(); pi++) {
     const LivePort& lp = cfg_.ports[pi];
@@ -65,6 +72,7 @@ Status LiveRunner::start() {
       spec.n_queues = static_cast<uint32_t>(n);
       spec.group = static_cast<int>((fanout_base + pi) & 0xffff);
       std::unique_ptr<PortQueue> q;
+      const int ifindex = static_cast<int>(if_nametoindex(lp.ifname.c_str()));
       Status st = open_queue(spec, &q);
       if (!st.ok()) {
         queues_.clear();
@@ -73,6 +81,9 @@ Status LiveRunner::start() {
       }
       queues_[w].push_back(std::move(q));
       queue_port_[w].push_back(pi);
+      queue_spec_[w].push_back(spec);
+      queue_ifindex_[w].push_back(ifindex);
+      queue_failed_[w].push_back(0);
     }
   }
   // The drops file last: a queue that fails to open leaves an earlier file alone.
@@ -122,6 +133,7 @@ void LiveRunner::restore_offloads() {
 }
 
 std::vector<LiveQueueStats> LiveRunner::queue_stats() const {
+  std::lock_guard<std::mutex> g(queues_mu_);
   std::vector<LiveQueueStats> out;
   for (size_t pi = 0; pi < cfg_.ports.size(); pi++) {
     LiveQueueStats s;
@@ -142,19 +154,60 @@ std::vector<LiveQueueStats> LiveRunner::queue_stats() const {
   return out;
 }
 
+// Each worker replaces only its own queues, so the forwarding loop reads them
+// without a lock; all the workers' new AF_PACKET sockets of an interface
+// join one new fanout group, numbered from the new ifindex (a socket cannot
+// leave its group, and the old group belongs to the old device). A queue
+// that cannot be opened yet keeps its old socket and is tried again at the
+// next housekeeping. Its counters go on from the old queue's.
+bool LiveRunner::reattach(size_t wi) {
+  bool changed = false;
+  for (size_t k = 0; k < queues_[wi].size(); k++) {
+    QueueSpec spec = queue_spec_[wi][k];
+    const int now = static_cast<int>(if_nametoindex(spec.ifname.c_str()));
+    if (!now || now == queue_ifindex_[wi][k]) continue;  // gone (counted as link errors) or the same
+    if (spec.queue == 0 && std::find(gro_off_.begin(), gro_off_.end(), spec.ifname) != gro_off_.end())
+      disable_receive_offloads(spec.ifname);  // frames as on the wire again; back on at stop()
+    spec.group = static_cast<int>((static_cast<uint32_t>(spec.group) + static_cast<uint32_t>(now) * 40503u) & 0xffff);
+    std::unique_ptr<PortQueue> q;
+    Status st = open_queue_(spec, &q);
+    if (!st.ok()) {
+      if (spec.queue == 0 && queue_failed_[wi][k] != now)  // said once for each new interface
+        std::fprintf(stderr, "dpu: warning: interface %s was created again; not reattached yet: %s\n",
+                     spec.ifname.c_str(), st.message.c_str());
+      queue_failed_[wi][k] = now;
+      continue;
+    }
+    q->counters = queues_[wi][k]->counters;
+    {
+      std::lock_guard<std::mutex> g(queues_mu_);
+      std::swap(queues_[wi][k], q);
+      queue_ifindex_[wi][k] = now;
+    }
+    if (spec.queue == 0) std::fprintf(stderr, "dpu: interface %s was created again: reattached\n", spec.ifname.c_str());
+    changed = true;
+  }
+  return changed;
+}
+
 void LiveRunner::loop(size_t wi) {
   Worker& w = dp_->worker(cfg_.first_worker + wi);
   auto& qs = queues_[wi];
   uint32_t max_port = 0;
   for (const LivePort& lp : cfg_.ports) max_port = std::max(max_port, lp.ofport);
-  std::vector<TxQueue*> by_port(max_port + 1, nullptr);
   std::vector<pollfd> pfds;
-  for (size_t i = 0; i < qs.size(); i++) {  // a port's frames leave through this worker's first queue of it
-    TxQueue*& tx = by_port[cfg_.ports[queue_port_[wi][i]].ofport];
-    if (!tx) tx = qs[i].get();
-    pfds.push_back(pollfd{qs[i]->fd(), POLLIN, 0});
-  }
-  Sink sink(by_port);
+  std::unique_ptr<Sink> sink;
+  auto wire = [&] {  // at start, and after a queue was replaced
+    std::vector<TxQueue*> by_port(max_port + 1, nullptr);
+    pfds.clear();
+    for (size_t i = 0; i < qs.size(); i++) {  // a port's frames leave through this worker's first queue of it
+      TxQueue*& tx = by_port[cfg_.ports[queue_port_[wi][i]].ofport];
+      if (!tx) tx = qs[i].get();
+      pfds.push_back(pollfd{qs[i]->fd(), POLLIN, 0});
+    }
+    sink = std::make_unique<Sink>(std::move(by_port));
+  };
+  wire();
   size_t rr = 0;
   uint32_t busy_rounds = 0;
   int64_t last_house = mono_ns();
@@ -165,7 +218,7 @@ void LiveRunner::loop(size_t wi) {
     for (size_t k = 0; k < qs.size(); k++) {
       PortQueue& q = *qs[(rr + k) % qs.size()];
       std::lock_guard<std::mutex> g(w.mu);
-      got += w.receive(q, cfg_.burst, &sink);
+      got += w.receive(q, cfg_.burst, sink.get());
     }
     rr++;
     const int64_t t1 = mono_ns();
@@ -185,8 +238,11 @@ void LiveRunner::loop(size_t wi) {
     if (t1 - last_house >= house_ns) {
       last_house = t1;
       for (auto& q : qs) q->refresh_counters();
-      std::lock_guard<std::mutex> g(w.mu);
-      w.housekeeping();
+      {
+        std::lock_guard<std::mutex> g(w.mu);
+        w.housekeeping();
+      }
+      if (reattach(wi)) wire();
     }
   }
 }

@@ -19,7 +19,11 @@
 // receive livelock). A worker busy for `yield_every` rounds in a row yields
 // the CPU once for the same reason. Every `housekeeping_ms` it pushes its
 // megaflow counts to the rules and runs a slice of conntrack expiry, so
-// counters and timeouts move without any call from outside.
+// counters and timeouts move without any call from outside, and checks that
+// its interfaces are the ones its queues are bound to: an interface deleted
+// and created again under the same name (a VM's tap device when the VM
+// restarts) has a new ifindex, and the worker opens its queues of it again
+// (reattach).
 //
 // Counters are read from other threads without taking a worker's lock.
 // Thread-safety: start/stop from one control thread.
@@ -27,6 +31,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,11 +87,21 @@ class LiveRunner {
  private:
   class Sink;
   void loop(size_t wi);
+  // Worker wi's queues whose interface was deleted and created again under
+  // the same name (a new ifindex) opened again on the new one; true if any was.
+  bool reattach(size_t wi);
 
   Dataplane* dp_;
   LiveConfig cfg_;
   std::vector<std::vector<std::unique_ptr<PortQueue>>> queues_;  // [worker][k]
   std::vector<std::vector<size_t>> queue_port_;                   // [worker][k]: its port's index in cfg_.ports
+  std::vector<std::vector<QueueSpec>> queue_spec_;                // [worker][k]: what it was opened with
+  std::vector<std::vector<int>> queue_ifindex_;                   // [worker][k]: the interface it is bound to
+  std::vector<std::vector<int>> queue_failed_;                    // [worker][k]: a new one it could not open
+  // Held while a worker replaces a queue (reattach) and while queue_stats()
+  // reads them: never on the forwarding path.
+  mutable std::mutex queues_mu_;
+  Status (*open_queue_)(const QueueSpec&, std::unique_ptr<PortQueue>*) = nullptr;
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
   std::vector<std::string> gro_off_;  // interfaces whose GRO start() turned off: back on at stop()
