@@ -52,6 +52,7 @@ Status LiveRunner::start() {
   queue_spec_.assign(n_workers, {});
   queue_ifindex_.assign(n_workers, {});
   queue_failed_.assign(n_workers, {});
+  queue_retry_.assign(n_workers, {});
   const int fanout_base = (getpid() & 0xfff) << 4;
   for (size_t pi = 0; pi < cfg_.ports.size(); pi++) {
     const LivePort& lp = cfg_.ports[pi];
@@ -84,6 +85,7 @@ Status LiveRunner::start() {
       queue_spec_[w].push_back(spec);
       queue_ifindex_[w].push_back(ifindex);
       queue_failed_[w].push_back(0);
+      queue_retry_[w].push_back(0);
     }
   }
   // The drops file last: a queue that fails to open leaves an earlier file alone.
@@ -155,35 +157,61 @@ std::vector<LiveQueueStats> LiveRunner::queue_stats() const {
 }
 
 // Each worker replaces only its own queues, so the forwarding loop reads them
-// without a lock; all the workers' new AF_PACKET sockets of an interface
-// join one new fanout group, numbered from the new ifindex (a socket cannot
-// leave its group, and the old group belongs to the old device). A queue
-// that cannot be opened yet keeps its old socket and is tried again at the
-// next housekeeping. Its counters go on from the old queue's.
-bool LiveRunner::reattach(size_t wi) {
+// without a lock. A queue is opened again when its interface has a new index
+// or its socket lost its binding (the interface was unregistered: deleted,
+// or moved to another namespace and back with the same index). All the
+// workers' new AF_PACKET sockets of an interface join one new fanout group
+// (a socket cannot leave its group, and the old group belongs to the old
+// device), the first of a fixed sequence of numbers from the new index that
+// the kernel accepts: every worker walks the same sequence, so they meet in
+// one group even if a number is taken. An AF_XDP interface must come back
+// with the queues dpu started with (each worker binds the ones it had). A
+// queue that cannot be opened keeps its old socket, is reported once for
+// each new interface and tried again a second later. Its counters go on
+// from the old queue's.
+bool LiveRunner::reattach(size_t wi, int64_t now_ns) {
+  constexpr int64_t kRetryNs = 1000000000;
+  constexpr int kGroupTries = 8;
   bool changed = false;
   for (size_t k = 0; k < queues_[wi].size(); k++) {
     QueueSpec spec = queue_spec_[wi][k];
-    const int now = static_cast<int>(if_nametoindex(spec.ifname.c_str()));
-    if (!now || now == queue_ifindex_[wi][k]) continue;  // gone (counted as link errors) or the same
-    if (spec.queue == 0 && std::find(gro_off_.begin(), gro_off_.end(), spec.ifname) != gro_off_.end())
-      disable_receive_offloads(spec.ifname);  // frames as on the wire again; back on at stop()
-    spec.group = static_cast<int>((static_cast<uint32_t>(spec.group) + static_cast<uint32_t>(now) * 40503u) & 0xffff);
+    const int idx = static_cast<int>(if_nametoindex(spec.ifname.c_str()));
+    if (!idx) continue;  // gone: what would be sent to it is counted, as for a link that is down
+    if (idx == queue_ifindex_[wi][k] && queues_[wi][k]->bound()) continue;
+    if (now_ns < queue_retry_[wi][k]) continue;
+    if (disable_receive_offloads(spec.ifname)) {  // frames as on the wire, as at start; back on at stop()
+      std::lock_guard<std::mutex> g(queues_mu_);
+      if (std::find(gro_off_.begin(), gro_off_.end(), spec.ifname) == gro_off_.end()) gro_off_.push_back(spec.ifname);
+    }
     std::unique_ptr<PortQueue> q;
-    Status st = open_queue_(spec, &q);
+    Status st;
+    const uint32_t nq = cfg_.io == "afxdp" ? interface_queues(spec.ifname) : 0;
+    if (nq && nq != spec.n_queues) {
+      st = Status::Error(Err::INVALID, "it has " + std::to_string(nq) + " queue(s), dpu started with " +
+                                           std::to_string(spec.n_queues) + " (restart dpu to use them)");
+    } else {
+      const uint32_t base = static_cast<uint32_t>(queue_spec_[wi][k].group);
+      for (int t = 0; t < kGroupTries; t++) {
+        spec.group = static_cast<int>((base + (static_cast<uint32_t>(idx) + t) * 40503u) & 0xffff);
+        st = open_queue_(spec, &q);
+        if (st.ok() || cfg_.io != "afpacket") break;
+      }
+    }
     if (!st.ok()) {
-      if (spec.queue == 0 && queue_failed_[wi][k] != now)  // said once for each new interface
-        std::fprintf(stderr, "dpu: warning: interface %s was created again; not reattached yet: %s\n",
-                     spec.ifname.c_str(), st.message.c_str());
-      queue_failed_[wi][k] = now;
+      if (queue_failed_[wi][k] != idx)
+        std::fprintf(stderr, "dpu: warning: interface %s (queue %u) was created again; not reattached: %s\n",
+                     spec.ifname.c_str(), spec.queue, st.message.c_str());
+      queue_failed_[wi][k] = idx;
+      queue_retry_[wi][k] = now_ns + kRetryNs;
       continue;
     }
     q->counters = queues_[wi][k]->counters;
     {
       std::lock_guard<std::mutex> g(queues_mu_);
       std::swap(queues_[wi][k], q);
-      queue_ifindex_[wi][k] = now;
+      queue_ifindex_[wi][k] = idx;
     }
+    queue_failed_[wi][k] = 0;
     if (spec.queue == 0) std::fprintf(stderr, "dpu: interface %s was created again: reattached\n", spec.ifname.c_str());
     changed = true;
   }
@@ -242,7 +270,7 @@ void LiveRunner::loop(size_t wi) {
         std::lock_guard<std::mutex> g(w.mu);
         w.housekeeping();
       }
-      if (reattach(wi)) wire();
+      if (reattach(wi, t1)) wire();
     }
   }
 }

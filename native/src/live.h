@@ -23,7 +23,8 @@
 // its interfaces are the ones its queues are bound to: an interface deleted
 // and created again under the same name (a VM's tap device when the VM
 // restarts) has a new ifindex, and the worker opens its queues of it again
-// (reattach).
+// (reattach; also when a socket lost its binding: an interface moved to
+// another namespace and back keeps its index).
 //
 // Counters are read from other threads without taking a worker's lock.
 // Thread-safety: start/stop from one control thread.
@@ -89,7 +90,7 @@ class LiveRunner {
   void loop(size_t wi);
   // Worker wi's queues whose interface was deleted and created again under
   // the same name (a new ifindex) opened again on the new one; true if any was.
-  bool reattach(size_t wi);
+  bool reattach(size_t wi, int64_t now_ns);
 
   Dataplane* dp_;
   LiveConfig cfg_;
@@ -98,6 +99,7 @@ class LiveRunner {
   std::vector<std::vector<QueueSpec>> queue_spec_;                // [worker][k]: what it was opened with
   std::vector<std::vector<int>> queue_ifindex_;                   // [worker][k]: the interface it is bound to
   std::vector<std::vector<int>> queue_failed_;                    // [worker][k]: a new one it could not open
+  std::vector<std::vector<int64_t>> queue_retry_;                 // [worker][k]: not before (steady clock, ns)
   // Held while a worker replaces a queue (reattach) and while queue_stats()
   // reads them: never on the forwarding path.
   mutable std::mutex queues_mu_;

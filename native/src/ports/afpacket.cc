@@ -190,6 +190,15 @@ Status AfPacketQueue::open(const AfPacketConfig& cfg) {
   return Status::Ok();
 }
 
+// The kernel sets a packet socket's interface to -1 when that interface is
+// unregistered; getsockname() reports it.
+bool AfPacketQueue::bound() const {
+  sockaddr_ll sll{};
+  socklen_t len = sizeof sll;
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&sll), &len) < 0) return true;  // cannot tell: as it was
+  return sll.sll_ifindex > 0;
+}
+
 void AfPacketQueue::refresh_counters() {
   tpacket_stats_v3 st{};
   socklen_t len = sizeof st;

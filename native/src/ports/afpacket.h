@@ -69,6 +69,7 @@ class AfPacketQueue : public PortQueue {
   uint32_t rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, uint32_t cap) override;
   uint32_t tx_burst(Packet* const* pkts, uint32_t n) override;
   int fd() const override { return fd_; }
+  bool bound() const override;
   void refresh_counters() override;  // PACKET_STATISTICS: frames the kernel dropped (ring full)
   void clear_error() override;       // SO_ERROR: ENETDOWN after the interface went down
 

@@ -126,6 +126,8 @@ std::map<int, std::weak_ptr<XdpAttachment>> g_attached;  // by ifindex
 Status attach(const QueueSpec& spec, int ifindex, std::shared_ptr<XdpAttachment>* out, bool* fresh) {
   std::lock_guard<std::mutex> g(g_attach_mu);
   *fresh = false;
+  for (auto it = g_attached.begin(); it != g_attached.end();)  // interfaces gone or detached
+    it = it->second.expired() ? g_attached.erase(it) : std::next(it);
   if (auto a = g_attached[ifindex].lock()) {
     *out = a;
     return Status::Ok();
@@ -191,6 +193,7 @@ class AfXdpQueue : public PortQueue {
   uint32_t tx_burst(Packet* const* pkts, uint32_t n) override;
   int fd() const override { return fd_; }
   void refresh_counters() override;
+  bool bound() const override;
   const std::string& description() const { return desc_; }
 
  private:
@@ -309,6 +312,16 @@ Status AfXdpQueue::open(const QueueSpec& spec) {
                : "single buffer (frames over " + std::to_string(kChunk - XDP_PACKET_HEADROOM) + " bytes are dropped)");
   if (fresh && (!att_->native || !sg_)) std::fprintf(stderr, "dpu: note: %s\n", desc_.c_str());
   return Status::Ok();
+}
+
+// The kernel detaches an XDP link whose interface is unregistered: its
+// info then names no interface.
+bool AfXdpQueue::bound() const {
+  if (!att_ || att_->link_fd < 0) return true;
+  bpf_link_info info{};
+  __u32 len = sizeof info;
+  if (bpf_obj_get_info_by_fd(att_->link_fd, &info, &len) != 0) return true;  // cannot tell: as it was
+  return info.xdp.ifindex != 0;
 }
 
 void AfXdpQueue::recycle(const uint64_t* addrs, uint32_t n) {

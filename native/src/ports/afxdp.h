@@ -33,8 +33,9 @@
 //
 // Built when libxdp and libbpf are found (DPU_HAVE_AFXDP); without them
 // opening a queue says how to get them. Thread-safety: a queue belongs to
-// one worker; opening and closing (the per-interface part) from one
-// control thread at a time.
+// one worker; queues may be opened and closed from several threads at once
+// (workers reattaching a re-created interface): the per-interface part, the
+// program's attachment, is shared under a lock.
 #pragma once
 
 #include <memory>

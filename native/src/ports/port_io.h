@@ -67,6 +67,10 @@ class TxQueue {
 // backend counted. The live runner opens one per (attached port, worker).
 class PortQueue : public RxQueue, public TxQueue {
  public:
+  // Still bound to its interface: false once the interface was unregistered
+  // (deleted, or moved to another namespace, even if it comes back with the
+  // same index). The live runner then opens the queue again.
+  virtual bool bound() const { return true; }
   QueueCounters counters;
 };
 
