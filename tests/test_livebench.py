@@ -2,6 +2,7 @@
 Open vSwitch's PMD load read from pmd-stats-show, and where the kernel's
 receive work runs. The benchmark itself is not a test (bench/live_bench.py)."""
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -49,6 +50,7 @@ def test_kernel_rx_is_checked_before_anything_is_built():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs (one for the generator)")
+@pytest.mark.skipif(not shutil.which("ethtool"), reason="needs ethtool (apt-get install ethtool)")
 def test_kernel_rx_dut_moves_in0_napi_thread_to_the_device_cpus():
     with livebench.Rig(kernel_rx="dut") as rig:
         on = subprocess.run(rig.exec("dut", "cat", "/sys/class/net/in0/threaded"), capture_output=True, text=True)
