@@ -216,10 +216,15 @@ def test_interface_created_again_is_reattached(lab):
         ip(lab.ns["dpu"], "link", "del", "vm1")
         _make_vm1(lab, 1)
         assert any(lab.ping("rblue", "10.0.0.11", count=1) for _ in range(20)), "taken when it is back as it was"
+        # Moved to another namespace and back: its program goes with it, its socket is unbound.
+        ip(lab.ns["dpu"], "link", "set", "vm1", "netns", lab.ns["inet"])
+        ip(lab.ns["inet"], "link", "set", "vm1", "netns", lab.ns["dpu"])
+        ip(lab.ns["dpu"], "link", "set", "vm1", "up")
+        assert any(lab.ping("rblue", "10.0.0.11", count=1) for _ in range(20)), "bound again after a move and back"
     finally:
         rc, _, err = d.stop()
     assert rc == 0
-    assert err.count("interface vm1 was created again: reattached") == 2, err
+    assert err.count("interface vm1 was created again: reattached") == 3, err
     assert err.count("dpu: warning: interface vm1 (queue 0) was created again; not reattached: it has 2 queue(s), "
                      "dpu started with 1 (restart dpu to use them)") == 1, err
     assert lab.xdp_attached() == [], "the new interface's program is detached at exit too"

@@ -103,6 +103,10 @@ struct XdpAttachment {
   bool native = false;  // driver mode (else generic)
   bool frags = false;   // the program takes multi-buffer frames
   std::string mode;     // for the description: "native XDP" / "generic XDP (...)"
+  // The socket each XSKMAP slot (a receive queue) names now, under
+  // g_attach_mu: a queue replaced by a new one on the same attachment (an
+  // interface moved away and back) must not clear its successor's slot.
+  std::map<uint32_t, const void*> slot_owner;
 
   ~XdpAttachment() {
     for (int fd : {link_fd, prog_fd, map_fd, promisc_fd})  // the link first: that detaches the program
@@ -123,6 +127,15 @@ const char* native_hint(int err) {
 std::mutex g_attach_mu;
 std::map<int, std::weak_ptr<XdpAttachment>> g_attached;  // by ifindex
 
+// The interface an attachment's link is on now (0: none; -1: cannot tell).
+int link_ifindex(const XdpAttachment& a) {
+  if (a.link_fd < 0) return -1;
+  bpf_link_info info{};
+  __u32 len = sizeof info;
+  if (bpf_obj_get_info_by_fd(a.link_fd, &info, &len) != 0) return -1;
+  return static_cast<int>(info.xdp.ifindex);
+}
+
 Status attach(const QueueSpec& spec, int ifindex, std::shared_ptr<XdpAttachment>* out, bool* fresh) {
   std::lock_guard<std::mutex> g(g_attach_mu);
   *fresh = false;
@@ -131,6 +144,17 @@ Status attach(const QueueSpec& spec, int ifindex, std::shared_ptr<XdpAttachment>
   if (auto a = g_attached[ifindex].lock()) {
     *out = a;
     return Status::Ok();
+  }
+  // An interface moved to another namespace and back keeps its program (the
+  // link follows it) but may come back under another index: ours, re-keyed.
+  for (auto& kv : g_attached) {
+    auto a = kv.second.lock();
+    if (a && kv.first != ifindex && link_ifindex(*a) == ifindex) {
+      a->ifindex = ifindex;
+      g_attached[ifindex] = a;
+      *out = a;
+      return Status::Ok();
+    }
   }
   auto a = std::make_shared<XdpAttachment>();
   a->ifname = spec.ifname;
@@ -225,7 +249,13 @@ class AfXdpQueue : public PortQueue {
 };
 
 AfXdpQueue::~AfXdpQueue() {
-  if (att_ && xsk_) bpf_map_delete_elem(att_->map_fd, &queue_);
+  if (att_ && xsk_) {
+    std::lock_guard<std::mutex> g(g_attach_mu);
+    if (att_->slot_owner[queue_] == this) {
+      bpf_map_delete_elem(att_->map_fd, &queue_);
+      att_->slot_owner.erase(queue_);
+    }
+  }
   close_socket();
   if (area_) munmap(area_, area_bytes_);
   // att_ goes last: the last queue of an interface detaches its program.
@@ -304,8 +334,12 @@ Status AfXdpQueue::open(const QueueSpec& spec) {
   zc_ = getsockopt(fd_, SOL_XDP, XDP_OPTIONS, &opt, &len) == 0 && (opt.flags & XDP_OPTIONS_ZEROCOPY);
   len = sizeof seen_;
   getsockopt(fd_, SOL_XDP, XDP_STATISTICS, &seen_, &len);
-  if (int r = xsk_socket__update_xskmap(xsk_, att_->map_fd))  // from here on frames flow
-    return xdp_error(spec.ifname, "XSKMAP update", -r);
+  {
+    std::lock_guard<std::mutex> g(g_attach_mu);
+    if (int r = xsk_socket__update_xskmap(xsk_, att_->map_fd))  // from here on frames flow
+      return xdp_error(spec.ifname, "XSKMAP update", -r);
+    att_->slot_owner[queue_] = this;
+  }
   desc_ = "interface " + spec.ifname + " queue " + std::to_string(queue_) + ": AF_XDP, " + att_->mode + ", " +
           (zc_ ? "zero-copy" : "copy mode") + ", " +
           (sg_ ? "multi-buffer (jumbo frames)"
@@ -314,14 +348,13 @@ Status AfXdpQueue::open(const QueueSpec& spec) {
   return Status::Ok();
 }
 
-// The kernel detaches an XDP link whose interface is unregistered: its
-// info then names no interface.
+// An XDP socket is unbound when its interface is unregistered (deleted, or
+// moved to another namespace): sending then fails with ENXIO, where a bound
+// socket with nothing to send takes a zero-length send as a kick (ENETDOWN:
+// bound, the link is down).
 bool AfXdpQueue::bound() const {
-  if (!att_ || att_->link_fd < 0) return true;
-  bpf_link_info info{};
-  __u32 len = sizeof info;
-  if (bpf_obj_get_info_by_fd(att_->link_fd, &info, &len) != 0) return true;  // cannot tell: as it was
-  return info.xdp.ifindex != 0;
+  if (fd_ < 0) return true;
+  return sendto(fd_, nullptr, 0, MSG_DONTWAIT, nullptr, 0) >= 0 || errno != ENXIO;
 }
 
 void AfXdpQueue::recycle(const uint64_t* addrs, uint32_t n) {
