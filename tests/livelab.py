@@ -107,10 +107,32 @@ class Lab:
         ip(i, "route", "add", "203.0.113.0/24", "dev", "eth0")  # public addresses: on the link, dpu answers ARP
 
     def _veth(self, ns_a: str, a: str, ns_b: str, b: str, mac_b: str, mtu: int) -> None:
-        sh("ip", "link", "add", "name", a, "netns", ns_a, "mtu", str(mtu), "type", "veth", "peer", "name", b,
-           "netns", ns_b, "address", mac_b, "mtu", str(mtu))
+        self._veth_add(ns_a, a, ns_b, b, mac_b, mtu)
         ip(ns_a, "link", "set", a, "up")
         ip(ns_b, "link", "set", b, "up")
+
+    def _veth_add(self, ns_a: str, a: str, ns_b: str, b: str, mac_b: str, mtu: int, at: tuple = ()) -> None:
+        """The pair, both ends down (`at`: options of the first end, e.g. its index)."""
+        sh("ip", "link", "add", "name", a, *at, "netns", ns_a, "mtu", str(mtu), "type", "veth", "peer", "name", b,
+           "netns", ns_b, "address", mac_b, "mtu", str(mtu))
+
+    def remake_vm(self, port: str, index: int = 0, setup=None, delete: bool = True) -> None:
+        """A VM's interface deleted (unless the caller did) and made again as _build made it (a
+        VM restarting), under another name first, so that dpu meets it whole: `setup(ns, dev)`
+        runs on dpu's end before it takes the port's name; `index` asks for that ifindex."""
+        _, mac, addr, gw = VMS[port]
+        d, v = self.ns["dpu"], self.ns[port]
+        if delete:
+            ip(d, "link", "del", port)
+        tmp = port + "new"
+        self._veth_add(d, tmp, v, "eth0", mac, self.underlay_mtu - 50, ("index", str(index)) if index else ())
+        if setup:
+            setup(d, tmp)
+        ip(d, "link", "set", tmp, "name", port)
+        ip(d, "link", "set", port, "up")
+        ip(v, "link", "set", "eth0", "up")
+        ip(v, "addr", "add", addr, "dev", "eth0")
+        ip(v, "route", "add", "default", "via", gw)
 
     def topology(self, **changes) -> str:
         """examples/nat-gateway.yaml with the lab's next hops, written to a file; `changes`

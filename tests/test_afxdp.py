@@ -31,7 +31,7 @@ with open(dpu._core.__file__, "rb") as _so:
         pytest.skip("this build has no AF_XDP (install libxdp-dev libbpf-dev pkg-config, rebuild)",
                     allow_module_level=True)
 
-from livelab import SERVER_IP, VMS, Lab  # noqa: E402
+from livelab import SERVER_IP, Lab  # noqa: E402
 from netns import ip, nsexec, sh  # noqa: E402
 from test_live import MB  # noqa: E402
 
@@ -44,13 +44,11 @@ class XdpLab(Lab):
     PEERS = {"vm1": "vm1", "vm2": "vm2", "vm3": "vm3", "p0": "vtep", "inet": "inet"}  # dpu's port: its peer's ns
     queues = 2
 
-    def _veth(self, ns_a: str, a: str, ns_b: str, b: str, mac_b: str, mtu: int) -> None:
+    def _veth_add(self, ns_a: str, a: str, ns_b: str, b: str, mac_b: str, mtu: int, at: tuple = ()) -> None:
         q = ("numrxqueues", "2", "numtxqueues", "2")
-        sh("ip", "link", "add", "name", a, "netns", ns_a, "mtu", str(mtu), *q, "type", "veth", "peer", "name", b,
+        sh("ip", "link", "add", "name", a, *at, "netns", ns_a, "mtu", str(mtu), *q, "type", "veth", "peer", "name", b,
            "netns", ns_b, "address", mac_b, "mtu", str(mtu), *q)
         nsexec(ns_b, "ethtool", "-K", b, "tx", "off")
-        ip(ns_a, "link", "set", a, "up")
-        ip(ns_b, "link", "set", b, "up")
 
     def set_queues(self, n: int) -> None:
         """n queues on each of dpu's interfaces and on their peers (native XDP on a veth wants its
@@ -177,22 +175,12 @@ def test_interface_down_and_up_while_running(lab):
     d.stop()
 
 
-def _make_vm1(lab, queues: int) -> None:
-    """vm1 made again as the lab makes it (two queues at most, `queues` in use), under another name
-    first, so that dpu meets it whole."""
-    _, mac, addr, gw = VMS["vm1"]
-    two = ("numrxqueues", "2", "numtxqueues", "2")
-    mtu = str(lab.underlay_mtu - 50)
-    sh("ip", "link", "add", "name", "vm1new", "netns", lab.ns["dpu"], "mtu", mtu, *two, "type", "veth", "peer",
-       "name", "eth0", "netns", lab.ns["vm1"], "address", mac, "mtu", mtu, *two)
-    nsexec(lab.ns["vm1"], "ethtool", "-K", "eth0", "tx", "off")
-    for ns, dev in ((lab.ns["dpu"], "vm1new"), (lab.ns["vm1"], "eth0")):
-        nsexec(ns, "ethtool", "-L", dev, "rx", str(queues), "tx", str(queues))
-    ip(lab.ns["dpu"], "link", "set", "vm1new", "name", "vm1")
-    for ns, dev in ((lab.ns["dpu"], "vm1"), (lab.ns["vm1"], "eth0")):
-        ip(ns, "link", "set", dev, "up")
-    ip(lab.ns["vm1"], "addr", "add", addr, "dev", "eth0")
-    ip(lab.ns["vm1"], "route", "add", "default", "via", gw)
+def _remake_vm1(lab, queues: int) -> None:
+    """vm1 made again with `queues` queues in use on both ends (of the two it may have)."""
+    def channels(ns, dev):
+        for where, name in ((ns, dev), (lab.ns["vm1"], "eth0")):
+            nsexec(where, "ethtool", "-L", name, "rx", str(queues), "tx", str(queues))
+    lab.remake_vm("vm1", setup=channels)
 
 
 def test_interface_created_again_is_reattached(lab):
@@ -204,17 +192,14 @@ def test_interface_created_again_is_reattached(lab):
     d = lab.start_dpu(extra=AFXDP)
     try:
         assert lab.ping("rblue", "10.0.0.11")
-        ip(lab.ns["dpu"], "link", "del", "vm1")
-        _make_vm1(lab, 1)
+        _remake_vm1(lab, 1)
         assert any(lab.ping("rblue", "10.0.0.11", count=1) for _ in range(20)), "traffic reaches the new interface"
         assert "vm1" in lab.xdp_attached()
         tcp_both_ways(lab, 5301, 2 * MB)
-        ip(lab.ns["dpu"], "link", "del", "vm1")
-        _make_vm1(lab, 2)
+        _remake_vm1(lab, 2)
         time.sleep(2.5)  # tried again every second, said once
         assert d.proc.poll() is None
-        ip(lab.ns["dpu"], "link", "del", "vm1")
-        _make_vm1(lab, 1)
+        _remake_vm1(lab, 1)
         assert any(lab.ping("rblue", "10.0.0.11", count=1) for _ in range(20)), "taken when it is back as it was"
         # Moved to another namespace and back: its program goes with it, its socket is unbound.
         ip(lab.ns["dpu"], "link", "set", "vm1", "netns", lab.ns["inet"])

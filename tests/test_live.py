@@ -24,7 +24,7 @@ if os.geteuid() != 0:
 if not shutil.which("ethtool") or not shutil.which("ping"):
     pytest.skip("live tests need ethtool and ping (apt-get install ethtool iputils-ping)", allow_module_level=True)
 
-from livelab import INET_ROUTER_MAC, ROOT, SERVER_IP, VMS, VTEP_MAC, Lab  # noqa: E402
+from livelab import INET_ROUTER_MAC, ROOT, SERVER_IP, VTEP_MAC, Lab  # noqa: E402
 
 MB = 1 << 20
 
@@ -322,22 +322,6 @@ def test_interface_down_and_up_while_running(lab):
     d.stop()
 
 
-def _make_vm1(lab, gro: bool = False, index: int = 0) -> None:
-    """vm1 made again as the lab makes it: under another name first, so that dpu meets it whole."""
-    _, mac, addr, gw = VMS["vm1"]
-    mtu = str(lab.underlay_mtu - 50)
-    at = ("index", str(index)) if index else ()
-    sh("ip", "link", "add", "name", "vm1new", *at, "netns", lab.ns["dpu"], "mtu", mtu, "type", "veth", "peer", "name",
-       "eth0", "netns", lab.ns["vm1"], "address", mac, "mtu", mtu)
-    if gro:
-        nsexec(lab.ns["dpu"], "ethtool", "-K", "vm1new", "gro", "on")
-    ip(lab.ns["dpu"], "link", "set", "vm1new", "name", "vm1")
-    for ns, dev in ((lab.ns["dpu"], "vm1"), (lab.ns["vm1"], "eth0")):
-        ip(ns, "link", "set", dev, "up")
-    ip(lab.ns["vm1"], "addr", "add", addr, "dev", "eth0")
-    ip(lab.ns["vm1"], "route", "add", "default", "via", gw)
-
-
 def _gro(lab, dev: str) -> bool:
     out = nsexec(lab.ns["dpu"], "ethtool", "-k", dev).stdout
     return "generic-receive-offload: on" in out
@@ -363,7 +347,7 @@ def test_interface_created_again_is_reattached(lab, workers):
         dropped = d.stats()["ports"]["vm1"]["tx_dropped"]
         assert not lab.ping("rblue", "10.0.0.11", count=2)
         assert d.stats()["ports"]["vm1"]["tx_dropped"] >= dropped + 2, "what could not be sent is counted"
-        _make_vm1(lab, gro=True)
+        lab.remake_vm("vm1", delete=False, setup=lambda ns, dev: nsexec(ns, "ethtool", "-K", dev, "gro", "on"))
         assert _pings_again(lab), "traffic reaches the VM on its new interface"
         assert lab.ping("vm1", "10.0.0.21"), "and leaves it"
         assert d.proc.poll() is None
@@ -388,8 +372,7 @@ def test_interface_created_again_is_reattached(lab, workers):
             # An index whose first fanout group number is vm3's (ports vm1, vm2, vm3: vm3's group is
             # vm1's + 2; dpu numbers the new group vm1's + index * 40503): the kernel refuses that
             # group, and the workers meet in the next number of the sequence.
-            ip(lab.ns["dpu"], "link", "del", "vm1")
-            _make_vm1(lab, index=2 * pow(40503, -1, 1 << 16) % (1 << 16))
+            lab.remake_vm("vm1", index=2 * pow(40503, -1, 1 << 16) % (1 << 16))
             assert _pings_again(lab), "reattached in the next fanout group"
             assert lab.ping("rred", "10.0.0.11"), "and vm3, whose group that first number is, still works"
         # Moved to another namespace and back: the same index, but the sockets lost their binding.

@@ -88,8 +88,8 @@ class LiveRunner {
  private:
   class Sink;
   void loop(size_t wi);
-  // Worker wi's queues whose interface was deleted and created again under
-  // the same name (a new ifindex) opened again on the new one; true if any was.
+  // Worker wi's queues whose interface has a new index or whose socket lost
+  // its binding opened again; true if any was (live.cc).
   bool reattach(size_t wi, int64_t now_ns);
 
   Dataplane* dp_;
