@@ -14,3 +14,13 @@ def test_transmit_queue_reordering_matches_a_sort():
     # A queue of several ordered runs (after recirculation) leaves in arrival
     # order: merge_runs agrees with std::sort on 5,000 random cases.
     assert _core.selftest_merge_runs(5000, 99) == 0
+
+
+def test_tcp_tracking_fast_path_matches_the_general_one():
+    # The established ACK's window check inline (ct_tcp_update) against
+    # tcp_update itself on 1,000,000 random segments near their windows: the
+    # same verdict, windows, states and timeout class; and the fast path did
+    # answer a good share of them (else the comparison proved nothing).
+    mismatches, fast = _core.selftest_ct_tcp(1_000_000, 7)
+    assert mismatches == 0
+    assert fast > 20_000

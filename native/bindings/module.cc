@@ -14,6 +14,7 @@
 
 #include <chrono>
 
+#include "../src/conntrack/ct_proto.h"
 #include "../src/dataplane.h"
 #include "../src/dpcls.h"
 #include "dpu/mem.h"
@@ -419,6 +420,11 @@ void bind_module_functions(py::module_& m) {
       if (v != want) mismatches++;
     }
     return mismatches;
+  });
+  m.def("selftest_ct_tcp", [](uint64_t iterations, uint64_t seed) {
+    uint64_t fast = 0;
+    const uint64_t mismatches = ct_tcp_selftest(iterations, seed, &fast);
+    return std::make_pair(mismatches, fast);
   });
   m.def("selftest_simd", [](uint64_t iterations, uint64_t seed) {
     // The vectorised helpers against their plain versions on random keys

@@ -360,7 +360,8 @@ void Conntrack::exec(Conn* c, const CtSpec& spec) const {
   c->spin_unlock();
 }
 
-void Conntrack::fill_result(Conn* c, int dir, CtResult* r, const CtPacket* cp, const CtXlat* other) const {
+__attribute__((always_inline)) inline void Conntrack::fill_result(Conn* c, int dir, CtResult* r, const CtPacket* cp,
+                                                                  const CtXlat* other) const {
   r->conn = c;
   r->dir = static_cast<uint8_t>(dir);
   r->life = c->life.load(std::memory_order_acquire);  // before the mark and the label (exec())
@@ -481,7 +482,7 @@ __attribute__((always_inline)) inline bool Conntrack::decide_existing(CtWorker& 
     u = pr.update(&tmp, cp, dir == 1);
   } else if (proto == kIpTcp) {
     c->spin_lock();
-    u = pr.update(c, cp, dir == 1);
+    u = ct_tcp_update(c, cp, dir == 1);
     c->spin_unlock();
     if (u == CtUpdate::VALID || u == CtUpdate::VALID_NEW) refresh(c, now);
   } else {
@@ -548,9 +549,11 @@ bool Conntrack::execute_known(CtWorker& w, Packet* p, const CtSpec& spec, Conn* 
   if (c->life.load(std::memory_order_acquire) != life || c->expires.load(std::memory_order_relaxed) <= now)
     return false;
   CtPacket cp;
-  if (!ct_extract(p, spec.zone, &cp) || cp.icmp_error) return false;
+  // (The common packet's extraction inline; ct_extract() would try it first too.)
+  const bool v4 = p->l3_ofs != kNoOffset && ct_extract_v4(p->data() + p->l3_ofs, p->len - p->l3_ofs, spec.zone, &cp);
+  if (!v4 && (!ct_extract(p, spec.zone, &cp) || cp.icmp_error)) return false;
   r->reset();
-  if (!cp.key.v6 && (cp.key.proto == kIpTcp || cp.key.proto == kIpUdp)) {
+  if (v4 || (!cp.key.v6 && (cp.key.proto == kIpTcp || cp.key.proto == kIpUdp))) {
     decide_plain(w, p, spec, cp, c, dir, now, r, &other);
     return true;
   }

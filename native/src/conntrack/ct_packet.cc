@@ -89,56 +89,12 @@ bool parse_ports(const uint8_t* l4, uint32_t len, CtKey* k, bool quoted) {
   }
 }
 
-void parse_tcp(CtPacket* cp) {
-  const uint8_t* t = cp->l4;
-  cp->tcp_flags = static_cast<uint16_t>(t[13] | ((t[12] & 1) << 8));
-  cp->seq = be32(load32(t + 4));
-  cp->ack = be32(load32(t + 8));
-  cp->win = be16(load16(t + 14));
-  uint32_t doff = (t[12] >> 4) * 4u;
-  cp->payload = cp->l4_len - doff;
-  cp->wscale = -1;
-  if (!(cp->tcp_flags & kTcpSyn)) return;
-  for (uint32_t i = 20; i < doff;) {  // options: the window scale of a SYN
-    uint8_t kind = t[i];
-    if (kind == 0) break;
-    if (kind == 1) {
-      i++;
-      continue;
-    }
-    if (i + 1 >= doff || t[i + 1] < 2) break;
-    if (kind == 3 && t[i + 1] == 3 && i + 2 < doff) cp->wscale = static_cast<int8_t>(t[i + 2] > 14 ? 14 : t[i + 2]);
-    i += t[i + 1];
-  }
-}
-
-// ct_extract() of the common packet, IPv4 without options carrying TCP or
-// UDP: the same checks and fields as the general path, in a straight line.
-// False when the packet is not one (the general path then decides).
-inline bool extract_simple(uint8_t* ip, uint32_t avail, uint16_t zone, CtPacket* cp) {
-  if (avail < 20 || ip[0] != 0x45) return false;
-  const uint8_t proto = ip[9];
-  const uint32_t tot = be16(load16(ip + 2));
-  if ((proto != kIpTcp && proto != kIpUdp) || tot < 20 || tot > avail || (be16(load16(ip + 6)) & 0x3fff))
-    return false;
-  uint8_t* l4 = ip + 20;
-  const uint32_t l4_len = tot - 20;
-  if (proto == kIpTcp ? l4_len < 20 || (l4[12] >> 4) < 5 || (l4[12] >> 4) * 4u > l4_len : l4_len < 8) return false;
-  ct_key_set_v4(&cp->key, load32(ip + 12), load32(ip + 16), load32(l4), zone, proto);
-  cp->icmp_error = false;
-  cp->l3 = ip;
-  cp->l4 = l4;
-  cp->l4_len = l4_len;
-  if (proto == kIpTcp) parse_tcp(cp);
-  return true;
-}
-
 }  // namespace
 
 bool ct_extract(Packet* p, uint16_t zone, CtPacket* cp) {
   if (p->l3_ofs == kNoOffset) return false;
   uint8_t* ip = p->data() + p->l3_ofs;
-  if (extract_simple(ip, p->len - p->l3_ofs, zone, cp)) return true;
+  if (ct_extract_v4(ip, p->len - p->l3_ofs, zone, cp)) return true;
   CtKey& k = cp->key;
   std::memset(&k, 0, sizeof k);
   k.zone = zone;
@@ -150,7 +106,7 @@ bool ct_extract(Packet* p, uint16_t zone, CtPacket* cp) {
     uint32_t doff = (cp->l4[12] >> 4) * 4u;
     if (doff < 20 || doff > cp->l4_len) return false;
     if (!parse_ports(cp->l4, cp->l4_len, &k, false)) return false;
-    parse_tcp(cp);
+    ct_parse_tcp(cp);
     return true;
   }
   const bool icmp = (k.proto == kIpIcmp && !k.v6) || (k.proto == kIpIcmpv6 && k.v6);
@@ -215,72 +171,8 @@ struct Patcher {
   }
 };
 
-// The L4 checksum of a TCP/UDP header with `len` bytes present, or null.
-uint8_t* l4_csum(uint8_t proto, uint8_t* l4, uint32_t len, bool* udp) {
-  *udp = proto == kIpUdp;
-  if (proto == kIpTcp && len >= 18) return l4 + 16;
-  if (proto == kIpUdp && len >= 8) return l4 + 6;
-  return nullptr;
-}
-
-// A 16-bit word of the packet takes a new value; its RFC 1624 term
-// (~m + m') joins *sum.
-inline void replace_word(uint8_t* w, uint16_t nw, uint64_t* sum) {
-  const uint16_t ow = load16(w);
-  if (ow == nw) return;
-  store16(w, nw);
-  *sum += csum_term(ow, nw);
-}
-
-// The same for a 32-bit field (an IPv4 address, or both ports).
-inline void replace_field(uint8_t* f, uint32_t nv, uint64_t* sum) {
-  const uint32_t ov = load32(f);
-  if (ov == nv) return;
-  store32(f, nv);
-  *sum += csum_term32(ov, nv);
-}
-
-// HC' = ~(~HC + the summed terms), the checksum at `c`; a zero UDP checksum
-// (none) stays zero and a computed zero is sent as 0xffff.
-inline void apply_sum(uint8_t* c, uint64_t sum, bool udp) {
-  if (!sum) return;
-  const uint16_t hc = load16(c);
-  if (udp && hc == 0) return;
-  const uint16_t n = csum_apply_sum(hc, sum);
-  store16(c, udp && n == 0 ? 0xffff : n);
-}
-
 }  // namespace
 
-void ct_nat_xlat(const CtXlat& o, CtPacket* cp) {
-  // The target tuple is the other key reversed (ct_key_reverse keeps an echo
-  // identifier in sport). The changed fields' RFC 1624 terms (~m + m') are
-  // summed 32 bits at a time (a ones'-complement sum does not depend on how
-  // its words are grouped), then each checksum is updated once: the IP
-  // header's by the addresses, the L4 one's by the addresses (pseudo-header)
-  // and the ports; ICMP's by the identifier alone.
-  const uint8_t proto = cp->key.proto;
-  uint8_t* ip = cp->l3;
-  uint64_t d_addr = 0;
-  replace_field(ip + 12, o.dst, &d_addr);
-  replace_field(ip + 16, o.src, &d_addr);
-  if (proto == kIpIcmp) {
-    uint64_t d_id = 0;
-    replace_word(cp->l4 + 4, o.sport, &d_id);  // echo identifier
-    apply_sum(cp->l4 + 2, d_id, false);
-  } else {
-    uint64_t d_l4 = d_addr;
-    // The header's ports are o's swapped: its sport and dport as one word,
-    // the halves exchanged (built in a register: two 16-bit stores read back
-    // as one word would stall on store forwarding).
-    uint32_t o_ports;
-    std::memcpy(&o_ports, &o.sport, 4);
-    replace_field(cp->l4, (o_ports >> 16) | (o_ports << 16), &d_l4);
-    bool udp = false;
-    if (uint8_t* l4c = l4_csum(proto, cp->l4, cp->l4_len, &udp)) apply_sum(l4c, d_l4, udp);
-  }
-  apply_sum(ip + 10, d_addr, false);
-}
 
 void ct_nat_packet(const Conn& c, int dir, CtPacket* cp) {
   if (cp->key.v6) return;  // no NAT66
@@ -304,7 +196,7 @@ void ct_nat_packet(const Conn& c, int dir, CtPacket* cp) {
   uint8_t* in = cp->inner_l3;
   uint8_t* il4 = cp->inner_l4;
   bool udp = false;
-  uint8_t* il4c = icmp ? nullptr : l4_csum(proto, il4, cp->inner_l4_len, &udp);
+  uint8_t* il4c = icmp ? nullptr : ct_nat_detail::l4_csum(proto, il4, cp->inner_l4_len, &udp);
   pt.addr(in + 12, to.dst[0], in + 10, il4c, udp, true);
   pt.addr(in + 16, to.src[0], in + 10, il4c, udp, true);
   if (icmp) {

@@ -49,4 +49,46 @@ const CtProto& ct_proto(uint8_t ip_proto);  // TCP, UDP, ICMP/ICMPv6 (ct_packet 
 
 extern const CtProto kCtTcp, kCtUdp, kCtIcmp;
 
+// TCP window tracking's constants (ct_tcp.cc): a side's wscale byte holds
+// its shift and whether it was agreed; an acknowledgement may lag or lead by
+// up to a window plus this fudge.
+constexpr uint8_t kTcpWscaleSet = 0x80, kTcpWscaleMask = 0x0f;
+constexpr int64_t kTcpMaxAckWindow = 0xffff + 1500;
+
+// ct_tcp_update() against tcp_update() on random connections and segments
+// near their windows: the disagreements (result, TCP state or timeout
+// class); *fast counts the cases it answered itself (tests/test_selftest.py).
+uint64_t ct_tcp_selftest(uint64_t iterations, uint64_t seed, uint64_t* fast);
+
+// kCtTcp.update with its commonest case in a straight line, inline: an ACK
+// (with or without data) carrying no SYN, FIN or RST, between two sides
+// that are both ESTABLISHED. Then the flags are valid, no state moves and
+// the timeout class stays established, so what is left of tcp_update() is
+// its window check and the window's slide, which this repeats exactly;
+// every other packet, and one this finds out of the window, takes
+// tcp_update() itself (which decides the same way). Caller holds c's lock.
+__attribute__((always_inline)) inline CtUpdate ct_tcp_update(Conn* c, const CtPacket& p, bool reply) {
+  TcpTrack& t = c->tcp;
+  const int s = reply ? 1 : 0, d = 1 - s;  // sender, receiver
+  if ((p.tcp_flags & (kTcpSyn | kTcpFin | kTcpRst | kTcpAck)) != kTcpAck || t.state[s] != TCPS_ESTABLISHED ||
+      t.state[d] != TCPS_ESTABLISHED)
+    return kCtTcp.update(c, p, reply);
+  const bool scaled = (t.wscale[s] & kTcpWscaleSet) && (t.wscale[d] & kTcpWscaleSet);
+  const uint8_t sws = scaled ? t.wscale[s] & kTcpWscaleMask : 0, dws = scaled ? t.wscale[d] & kTcpWscaleMask : 0;
+  const uint32_t win = p.win, ack = p.ack;
+  uint32_t seq = p.seq, end = p.seq + p.payload;
+  if (seq == end) seq = end = t.seqlo[s];  // no data: ease the sequence checks
+  const int64_t ackskew = static_cast<int32_t>(t.seqlo[d] - ack);
+  if (static_cast<int32_t>(t.seqhi[s] - end) < 0 ||
+      static_cast<int32_t>(seq - (t.seqlo[s] - (t.max_win[d] << dws))) < 0 || ackskew < -kTcpMaxAckWindow ||
+      ackskew > (kTcpMaxAckWindow << sws))
+    return kCtTcp.update(c, p, reply);
+  if (win > t.max_win[s]) t.max_win[s] = win;
+  if (static_cast<int32_t>(end - t.seqlo[s]) > 0) t.seqlo[s] = end;
+  const uint32_t granted = win << sws;
+  if (static_cast<int32_t>(ack + granted - t.seqhi[d]) >= 0) t.seqhi[d] = ack + (granted ? granted : 1);
+  c->tmo = TM_TCP_ESTABLISHED;
+  return CtUpdate::VALID;
+}
+
 }  // namespace dpu

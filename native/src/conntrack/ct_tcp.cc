@@ -30,8 +30,8 @@
 namespace dpu {
 namespace {
 
-constexpr uint8_t kWscaleSet = 0x80, kWscaleMask = 0x0f;
-constexpr int64_t kMaxAckWindow = 0xffff + 1500;
+constexpr uint8_t kWscaleSet = kTcpWscaleSet, kWscaleMask = kTcpWscaleMask;
+constexpr int64_t kMaxAckWindow = kTcpMaxAckWindow;
 
 inline bool seq_gt(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) > 0; }
 inline bool seq_geq(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0; }
@@ -184,5 +184,53 @@ const char* tcp_state(const Conn* c) {
 }  // namespace
 
 const CtProto kCtTcp = {tcp_valid_new, tcp_init, tcp_update, tcp_state};
+
+uint64_t ct_tcp_selftest(uint64_t iterations, uint64_t seed, uint64_t* fast) {
+  // Connections near the established state and segments near their windows
+  // (in, out and at the edges), with every flag mix ct_tcp_update() tells
+  // apart: its result, window and state against tcp_update()'s.
+  XorShift rnd{seed | 1};
+  static const uint16_t kFlags[] = {kTcpAck,           kTcpAck | kTcpPsh, kTcpAck | kTcpUrg, 0x100 | kTcpAck,
+                                    kTcpAck | kTcpFin, kTcpAck | kTcpRst, kTcpSyn | kTcpAck, kTcpSyn,
+                                    kTcpRst,           kTcpFin,           0,                 kTcpAck | kTcpPsh | kTcpFin};
+  static const uint8_t kStates[] = {TCPS_ESTABLISHED, TCPS_ESTABLISHED, TCPS_ESTABLISHED, TCPS_SYN_SENT,
+                                    TCPS_CLOSING,     TCPS_FIN_WAIT_2,  TCPS_TIME_WAIT,   TCPS_CLOSED};
+  auto near = [&](uint32_t x, uint32_t span) {  // x moved by up to +-span, often exactly 0 or 1 off
+    const uint64_t r = rnd();
+    if ((r & 7) == 0) return x;
+    if ((r & 7) == 1) return x + 1;
+    return x + static_cast<uint32_t>((r >> 8) % (2 * uint64_t{span} + 1)) - span;
+  };
+  uint64_t mismatches = 0;
+  for (uint64_t it = 0; it < iterations; it++) {
+    TcpTrack t{};
+    for (int k = 0; k < 2; k++) {
+      t.seqlo[k] = static_cast<uint32_t>(rnd());
+      t.max_win[k] = 1 + static_cast<uint32_t>(rnd() % 65535);
+      t.seqhi[k] = t.seqlo[k] + static_cast<uint32_t>(rnd() % (2 * uint64_t{t.max_win[k]}));
+      t.wscale[k] = rnd() % 3 == 0 ? 0 : static_cast<uint8_t>(kWscaleSet | rnd() % 15);
+      t.state[k] = kStates[rnd() % 8];
+    }
+    const bool reply = rnd() & 1;
+    const int s = reply ? 1 : 0, d = 1 - s;
+    CtPacket p;
+    p.tcp_flags = kFlags[rnd() % 12];
+    p.payload = rnd() % 3 == 0 ? 0 : static_cast<uint32_t>(rnd() % 1500);
+    p.seq = near(t.seqlo[s], 3 * t.max_win[d]);
+    if (rnd() % 4 == 0) p.seq = t.seqhi[s] - p.payload + static_cast<uint32_t>(rnd() % 3) - 1;  // at the window's end
+    p.ack = near(t.seqlo[d], 80000);
+    p.win = static_cast<uint16_t>(rnd());
+    p.wscale = rnd() % 2 ? -1 : static_cast<int8_t>(rnd() % 15);
+    Conn a, b;
+    a.tcp = b.tcp = t;
+    a.tmo = b.tmo = static_cast<uint8_t>(rnd() % 2);
+    const CtUpdate ua = ct_tcp_update(&a, p, reply), ub = tcp_update(&b, p, reply);
+    if (ua != ub || std::memcmp(&a.tcp, &b.tcp, sizeof a.tcp) != 0 || a.tmo != b.tmo) mismatches++;
+    if ((p.tcp_flags & (kTcpSyn | kTcpFin | kTcpRst | kTcpAck)) == kTcpAck && t.state[0] == TCPS_ESTABLISHED &&
+        t.state[1] == TCPS_ESTABLISHED && ub == CtUpdate::VALID)
+      ++*fast;
+  }
+  return mismatches;
+}
 
 }  // namespace dpu
