@@ -30,7 +30,7 @@ void Worker::ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpA
     k = static_cast<uint32_t>(ct_keys_.size());
     ct_keys_.push_back(key);
   }
-  CtJob& j = ct_jobs_.emplace_back();
+  CtJob& j = ct_jobs_.push();
   j.p = p;
   j.spec = a.ct;
   j.rest = rest;
@@ -44,7 +44,7 @@ void Worker::ct_enqueue_resumable(Packet* p, Megaflow* mf, uint32_t slot, uint32
   if (slot) emc_.prefetch_side(slot - 1);  // read at the stage, if the slot resumes
   // Field by field into the vector: a job built on the stack and copied
   // whole stalls on store forwarding (its 4-byte stores, then 16-byte loads).
-  CtJob& j = ct_jobs_.emplace_back();
+  CtJob& j = ct_jobs_.push();
   j.p = p;
   j.spec = mf->acts[0].ct;
   j.rest = nullptr;
@@ -155,18 +155,13 @@ void Worker::ct_run_pass(Packet* p, Megaflow* mf, const Flow& key, std::vector<P
   counters.passes++;
   counters.recirculations++;
   recirculated_ = true;
+  ct_run_actions(p, mf, key, next);
+}
+
+void Worker::ct_run_actions(Packet* p, Megaflow* mf, const Flow& key, std::vector<Packet*>& next) {
   mf->count(p->len);
   enter_tenant(p, mf->tenant);
   run_actions_nested(p, key, mf->acts, mf->n_acts, next);
-}
-
-// The cached next pass. Its megaflow never recirculates (ct_fill_resume), so
-// nothing after it reads the packet's conntrack metadata: the result is not
-// stored in the packet (store_result), and the packet has no note to fill.
-void Worker::ct_resume(Packet* p, const CtResume& e, const CtResumeCold& cold, std::vector<Packet*>& next) {
-  counters.emc_hits++;
-  counters.ct_resumed++;
-  ct_run_pass(p, e.mf, cold.key, next);
 }
 
 // The next pass of a packet whose lone ct(table=T) megaflow was followed
@@ -255,6 +250,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
   for (size_t j = 0; j < std::min(n, kNodeAhead); j++) fetch_node(j);
   for (size_t j = 0; j < std::min(n, kReplyAhead); j++)
     if (ct_kind_[j] == kSnatNew) ct.prefetch_snat_reply(ct_prep_[j], *ct_jobs_[j].spec);
+  uint64_t resumed = 0;  // packets that took their slot's cached next pass
   // A continuation may hand its packet to conntrack again: those jobs join
   // this same stage (prepared when they come up).
   for (size_t j = 0; j < ct_jobs_.size(); j++) {
@@ -290,7 +286,6 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     } else {
       ct.execute(*ctw_, job.p, *job.spec, now, dry_run, &r);
     }
-    counters.ct_packets++;
     if (trace_) trace_->conntrack(*job.spec, r);
     if (r.drop != DROP_NONE) {
       drop(job.p, r.drop);
@@ -298,8 +293,13 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     }
     if (known) {  // (a resumable job's ct has a table: ct_resume is set only for ct(table=T))
       const CtResumeCold& cold = (*ct_resume_)[job.slot - 1];
+      // The cached next pass. Its megaflow never recirculates
+      // (ct_fill_resume), so nothing after it reads the packet's conntrack
+      // metadata: the result is not stored in the packet (store_result),
+      // and the packet has no note to fill. Counted below.
       if (known->same(r, known_tag, cold.label)) {
-        ct_resume(job.p, *known, cold, next);
+        resumed++;
+        ct_run_actions(job.p, known->mf, cold.key, next);
         continue;
       }
     }
@@ -314,6 +314,16 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
       const Flow key = ct_keys_[job.key];  // copied: the continuation may add keys
       run_actions_nested(job.p, key, job.rest, job.n_rest, next);
     }
+  }
+  // The stage's counts: every job was tracked once; each resumed packet
+  // made the pass it stands for (a recirculation, answered as an EMC hit).
+  counters.ct_packets += ct_jobs_.size();
+  if (resumed) {
+    counters.passes += resumed;
+    counters.recirculations += resumed;
+    counters.emc_hits += resumed;
+    counters.ct_resumed += resumed;
+    recirculated_ = true;
   }
   const size_t budget = std::max(kSweepBudget, kSweepPerJob * ct_jobs_.size());
   ct_jobs_.clear();

@@ -35,8 +35,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "conntrack/conntrack.h"
@@ -189,6 +191,37 @@ struct WorkerCounters {
 // label in the entry's side tag; the label and the next pass's key, which
 // few packets read, in an array by slot. The connection's life count (conn.h)
 // stands for its mark and label: unchanged, so are they.
+// The worker's list of conntrack jobs (std::vector's interface, the part
+// the stage uses). push() is a bump with its growth out of line, so that
+// the pass's call that queues a job saves no registers (std::vector's
+// inline reallocation made that leaf function save six). Elements are
+// not initialised: every field of a job is written when it is queued.
+template <class T>
+class JobList {
+ public:
+  static_assert(std::is_trivially_copyable<T>::value, "jobs are copied as bytes when the list grows");
+  T& push() {
+    if (__builtin_expect(n_ == cap_, 0)) grow();
+    return data_[n_++];
+  }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  void clear() { n_ = 0; }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  __attribute__((noinline)) void grow() {
+    const size_t cap = cap_ ? 2 * cap_ : 256;
+    std::unique_ptr<T[]> d(new T[cap]);
+    if (n_) std::memcpy(static_cast<void*>(d.get()), data_.get(), n_ * sizeof(T));
+    data_ = std::move(d);
+    cap_ = cap;
+  }
+  std::unique_ptr<T[]> data_;
+  size_t n_ = 0, cap_ = 0;
+};
+
 struct CtResume {
   Conn* conn;
   Megaflow* mf;
@@ -283,12 +316,12 @@ class Worker {
   void ct_enqueue_resumable(Packet* p, Megaflow* mf, uint32_t slot, uint32_t stamp);
   void conntrack_stage(std::vector<Packet*>& next);
   void ct_note_resume(Packet* p, uint32_t slot, uint32_t stamp, const CtResult& r);
-  void ct_resume(Packet* p, const CtResume& e, const CtResumeCold& cold, std::vector<Packet*>& next);
   void ct_fill_resume(Packet* p, Megaflow* mf, const Flow& key);
   bool ct_continue(Packet* p, const Megaflow* from, std::vector<Packet*>& next);
   void timed_conntrack_stage(std::vector<Packet*>& next);  // conntrack_stage() under the profile's clock
   void ct_next_pass(Packet* p, Megaflow* mf, const Flow& key, std::vector<Packet*>& next);
   void ct_run_pass(Packet* p, Megaflow* mf, const Flow& key, std::vector<Packet*>& next);  // its counts and actions
+  void ct_run_actions(Packet* p, Megaflow* mf, const Flow& key, std::vector<Packet*>& next);  // the actions alone
   void drop(Packet* p, uint16_t reason);
   void count_oversize(uint32_t port, uint32_t len);
   Packet* copy(Packet* p);
@@ -349,7 +382,7 @@ class Worker {
     uint32_t stamp;  // that slot's stamp then
     Megaflow* from;  // that megaflow (with or without a slot), else null
   };
-  std::vector<CtJob> ct_jobs_;
+  JobList<CtJob> ct_jobs_;
   std::vector<uint8_t> ct_kind_;             // by job: looked up, its slot's cached connection tried first, or opening a SNAT connection
   // By EMC slot; allocated by the first fill (a worker that never resumes,
   // such as a trace's, never pays for its 4.25 MiB).
