@@ -211,8 +211,13 @@ class JobList {
   const T& operator[](size_t i) const { return data_[i]; }
 
  private:
+#if defined(__SANITIZE_ADDRESS__)
+  static constexpr size_t kFirst = 2;  // under the sanitizers every stage grows it
+#else
+  static constexpr size_t kFirst = 256;
+#endif
   __attribute__((noinline)) void grow() {
-    const size_t cap = cap_ ? 2 * cap_ : 256;
+    const size_t cap = cap_ ? 2 * cap_ : kFirst;
     std::unique_ptr<T[]> d(new T[cap]);
     if (n_) std::memcpy(static_cast<void*>(d.get()), data_.get(), n_ * sizeof(T));
     data_ = std::move(d);
