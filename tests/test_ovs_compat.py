@@ -84,6 +84,17 @@ def _show(data: bytes) -> str:
         return f"    <scapy could not dissect: {e}>"
 
 
+def _ask_again(ovs: OvsOracle, port: str, data: bytes, frags: str) -> List[Dict[str, List[bytes]]]:
+    """Two more of Open vSwitch's answers for one packet (under the same frag mode)."""
+    if frags != "normal":
+        ovs.set_frags(frags)
+    try:
+        return [ovs.send(port, data) for _ in range(2)]
+    finally:
+        if frags != "normal":
+            ovs.set_frags("normal")
+
+
 def compare(ovs: OvsOracle, flows: Sequence[str], groups: Sequence[str], packets: Sequence[Tuple[str, bytes]],
             load: bool = True, frags: str = "normal") -> None:
     packets = [(p, bytes(d)) for p, d in packets]
@@ -105,6 +116,17 @@ def compare(ovs: OvsOracle, flows: Sequence[str], groups: Sequence[str], packets
     for i, (port, data) in enumerate(packets):
         if want[i] == got[i]:
             continue
+        # Open vSwitch translates each packet afresh, so its answer is the
+        # same every time; yet once, on a loaded machine, a run of the
+        # 4,096-resubmit case came back without the output its ofproto/trace
+        # showed. When dpu differs, OVS is asked twice more: if those two
+        # answers agree, they are its answer (a dpu that differs from a
+        # consistent OVS still fails).
+        again = _ask_again(ovs, port, data, frags)
+        if again[0] == again[1]:
+            want[i] = again[0]
+            if want[i] == got[i]:
+                continue
         msg = ["dpu and Open vSwitch differ", "groups:"] + [f"  {g}" for g in groups] + ["flows:"]
         msg += [f"  {f}" for f in flows[:30]] + ([f"  ... ({len(flows)} flows)"] if len(flows) > 30 else [])
         msg.append(f"packet [{i}]{' (second time, from the caches)' if i >= len(packets) // 2 else ''} "
