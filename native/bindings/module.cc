@@ -422,9 +422,9 @@ void bind_module_functions(py::module_& m) {
     return mismatches;
   });
   m.def("selftest_ct_tcp", [](uint64_t iterations, uint64_t seed) {
-    uint64_t fast = 0;
-    const uint64_t mismatches = ct_tcp_selftest(iterations, seed, &fast);
-    return std::make_pair(mismatches, fast);
+    uint64_t fast = 0, refused = 0;
+    const uint64_t mismatches = ct_tcp_selftest(iterations, seed, &fast, &refused);
+    return std::make_tuple(mismatches, fast, refused);
   });
   m.def("selftest_simd", [](uint64_t iterations, uint64_t seed) {
     // The vectorised helpers against their plain versions on random keys

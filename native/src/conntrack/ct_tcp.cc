@@ -185,50 +185,74 @@ const char* tcp_state(const Conn* c) {
 
 const CtProto kCtTcp = {tcp_valid_new, tcp_init, tcp_update, tcp_state};
 
-uint64_t ct_tcp_selftest(uint64_t iterations, uint64_t seed, uint64_t* fast) {
-  // Connections near the established state and segments near their windows
-  // (in, out and at the edges), with every flag mix ct_tcp_update() tells
-  // apart: its result, window and state against tcp_update()'s.
+uint64_t ct_tcp_selftest(uint64_t iterations, uint64_t seed, uint64_t* fast, uint64_t* refused) {
+  // Connections mostly ESTABLISHED both ways, with windows from 1 byte to
+  // 2^32 - 1, scaled on both, one or no side, near the sequence space's wrap;
+  // segments with every flag mix ct_tcp_fast() tells apart (ECE, CWR and NS
+  // included), aimed at each bound of the window check to within one: the
+  // end of the granted window, the oldest sequence number a retransmission
+  // may start at, both ends of the acknowledgement skew, and where the slide
+  // starts moving the peer's window. Each is decided by ct_tcp_update() and
+  // by tcp_update() on copies of one connection.
   XorShift rnd{seed | 1};
-  static const uint16_t kFlags[] = {kTcpAck,           kTcpAck | kTcpPsh, kTcpAck | kTcpUrg, 0x100 | kTcpAck,
-                                    kTcpAck | kTcpFin, kTcpAck | kTcpRst, kTcpSyn | kTcpAck, kTcpSyn,
-                                    kTcpRst,           kTcpFin,           0,                 kTcpAck | kTcpPsh | kTcpFin};
-  static const uint8_t kStates[] = {TCPS_ESTABLISHED, TCPS_ESTABLISHED, TCPS_ESTABLISHED, TCPS_SYN_SENT,
-                                    TCPS_CLOSING,     TCPS_FIN_WAIT_2,  TCPS_TIME_WAIT,   TCPS_CLOSED};
-  auto near = [&](uint32_t x, uint32_t span) {  // x moved by up to +-span, often exactly 0 or 1 off
-    const uint64_t r = rnd();
-    if ((r & 7) == 0) return x;
-    if ((r & 7) == 1) return x + 1;
-    return x + static_cast<uint32_t>((r >> 8) % (2 * uint64_t{span} + 1)) - span;
-  };
+  static const uint16_t kFlags[] = {kTcpAck, kTcpAck | kTcpPsh, kTcpAck | kTcpUrg, kTcpAck | 0x40, kTcpAck | 0x80,
+                                    kTcpAck | 0x100, kTcpAck | kTcpFin, kTcpAck | kTcpRst, kTcpSyn | kTcpAck,
+                                    kTcpSyn, kTcpRst, 0};
+  static const uint8_t kStates[] = {TCPS_ESTABLISHED, TCPS_ESTABLISHED, TCPS_ESTABLISHED, TCPS_ESTABLISHED,
+                                    TCPS_SYN_SENT,    TCPS_CLOSING,     TCPS_FIN_WAIT_2,  TCPS_CLOSED};
+  static const uint8_t kScales[] = {0, kWscaleSet, kWscaleSet | 1, kWscaleSet | 7, kWscaleSet | 14, 14};
+  static const uint32_t kWins[] = {1, 2, 1000, 65535, 65535u << 14, 0x7fffffffu, 0xffffffffu};
+  static const uint32_t kBases[] = {0, 1, 0x7fffffffu, 0x80000000u, 0xffffffffu};
+  auto pick = [&](const auto& a) { return a[rnd() % (sizeof a / sizeof a[0])]; };
+  auto off1 = [&]() { return static_cast<uint32_t>(rnd() % 3) - 1u; };  // -1, 0 or +1
   uint64_t mismatches = 0;
   for (uint64_t it = 0; it < iterations; it++) {
     TcpTrack t{};
     for (int k = 0; k < 2; k++) {
-      t.seqlo[k] = static_cast<uint32_t>(rnd());
-      t.max_win[k] = 1 + static_cast<uint32_t>(rnd() % 65535);
-      t.seqhi[k] = t.seqlo[k] + static_cast<uint32_t>(rnd() % (2 * uint64_t{t.max_win[k]}));
-      t.wscale[k] = rnd() % 3 == 0 ? 0 : static_cast<uint8_t>(kWscaleSet | rnd() % 15);
-      t.state[k] = kStates[rnd() % 8];
+      t.seqlo[k] = rnd() % 2 ? pick(kBases) + off1() : static_cast<uint32_t>(rnd());
+      t.max_win[k] = rnd() % 2 ? pick(kWins) : 1 + static_cast<uint32_t>(rnd() % 65535);
+      const uint32_t span = rnd() % 4 ? static_cast<uint32_t>(rnd() % 131072) : static_cast<uint32_t>(rnd());
+      t.seqhi[k] = rnd() % 8 ? t.seqlo[k] + span : t.seqlo[k] - span;  // now and then behind seqlo
+      t.wscale[k] = pick(kScales);
+      t.state[k] = pick(kStates);
     }
     const bool reply = rnd() & 1;
     const int s = reply ? 1 : 0, d = 1 - s;
+    const bool scaled = (t.wscale[s] & kWscaleSet) && (t.wscale[d] & kWscaleSet);
+    const uint8_t sws = scaled ? t.wscale[s] & kWscaleMask : 0, dws = scaled ? t.wscale[d] & kWscaleMask : 0;
     CtPacket p;
-    p.tcp_flags = kFlags[rnd() % 12];
-    p.payload = rnd() % 3 == 0 ? 0 : static_cast<uint32_t>(rnd() % 1500);
-    p.seq = near(t.seqlo[s], 3 * t.max_win[d]);
-    if (rnd() % 4 == 0) p.seq = t.seqhi[s] - p.payload + static_cast<uint32_t>(rnd() % 3) - 1;  // at the window's end
-    p.ack = near(t.seqlo[d], 80000);
-    p.win = static_cast<uint16_t>(rnd());
+    p.tcp_flags = pick(kFlags);
+    const uint32_t payloads[] = {0, 0, 1, 1460, static_cast<uint32_t>(rnd() % 70000)};
+    p.payload = pick(payloads);
+    switch (rnd() % 4) {
+      case 0: p.seq = t.seqhi[s] - p.payload + off1(); break;                  // the window's end
+      case 1: p.seq = t.seqlo[s] - (t.max_win[d] << dws) + off1(); break;      // the oldest start
+      case 2: p.seq = t.seqlo[s] + off1(); break;
+      default: p.seq = static_cast<uint32_t>(rnd());
+    }
+    switch (rnd() % 4) {
+      case 0: p.ack = t.seqlo[d] + static_cast<uint32_t>(kMaxAckWindow) + off1(); break;         // skew -max
+      case 1: p.ack = t.seqlo[d] - static_cast<uint32_t>(kMaxAckWindow << sws) + off1(); break;  // skew +max
+      case 2: p.ack = t.seqlo[d] + off1(); break;
+      default: p.ack = static_cast<uint32_t>(rnd());
+    }
+    const uint16_t wins[] = {0, 1, 65535, static_cast<uint16_t>(rnd())};
+    p.win = pick(wins);
+    if (rnd() % 3 == 0) t.seqhi[d] = p.ack + (uint32_t{p.win} << sws) + off1();  // where the slide starts
     p.wscale = rnd() % 2 ? -1 : static_cast<int8_t>(rnd() % 15);
-    Conn a, b;
-    a.tcp = b.tcp = t;
-    a.tmo = b.tmo = static_cast<uint8_t>(rnd() % 2);
+    Conn a, b, c;
+    a.tcp = b.tcp = c.tcp = t;
+    a.tmo = b.tmo = c.tmo = static_cast<uint8_t>(rnd() % 2);
     const CtUpdate ua = ct_tcp_update(&a, p, reply), ub = tcp_update(&b, p, reply);
     if (ua != ub || std::memcmp(&a.tcp, &b.tcp, sizeof a.tcp) != 0 || a.tmo != b.tmo) mismatches++;
-    if ((p.tcp_flags & (kTcpSyn | kTcpFin | kTcpRst | kTcpAck)) == kTcpAck && t.state[0] == TCPS_ESTABLISHED &&
-        t.state[1] == TCPS_ESTABLISHED && ub == CtUpdate::VALID)
+    CtUpdate uc;
+    if (ct_tcp_fast(&c, p, reply, &uc)) {
       ++*fast;
+    } else if ((p.tcp_flags & (kTcpSyn | kTcpFin | kTcpRst | kTcpAck)) == kTcpAck &&
+               t.state[0] == TCPS_ESTABLISHED && t.state[1] == TCPS_ESTABLISHED) {
+      ++*refused;
+      if (std::memcmp(&c.tcp, &t, sizeof t) != 0 || c.tmo != a.tmo) mismatches++;  // refused: nothing changed
+    }
   }
   return mismatches;
 }
