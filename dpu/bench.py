@@ -387,7 +387,8 @@ def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool 
         progress: Optional[Progress] = None, burst: int = _core.DEFAULT_BURST) -> dict:
     """One scenario, `burst` frames a batch; ``progress(step, steps, packets)``
     after building it, the warm-up and each measured run (replay-10m: after
-    generating and each replay, which reads MAX_BURST frames a batch)."""
+    generating and the unmeasured replay, and after each measured replay,
+    which reads MAX_BURST frames a batch)."""
     if name == "replay-10m":
         return _replay_10m(packets or 10_000_000, min(repeat, 3), progress)
     t0 = time.perf_counter()
