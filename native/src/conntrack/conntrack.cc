@@ -328,7 +328,7 @@ void Conntrack::release(uint16_t zone) {
   count_.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void Conntrack::refresh(Conn* c, int64_t now) const {
+__attribute__((always_inline)) inline void Conntrack::refresh(Conn* c, int64_t now) const {
   c->expires.store(now + timeout_ns_[c->tmo].load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
