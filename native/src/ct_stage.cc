@@ -42,7 +42,7 @@ void Worker::ct_enqueue(Packet* p, const DpAction& a, const Flow& key, const DpA
 
 void Worker::ct_enqueue_resumable(Packet* p, Megaflow* mf, uint32_t slot, uint32_t stamp) {
   if (slot) emc_.prefetch_side(slot - 1);  // read at the stage, if the slot resumes
-  // Field by field into the vector: a job built on the stack and copied
+  // Field by field into the list: a job built on the stack and copied
   // whole stalls on store forwarding (its 4-byte stores, then 16-byte loads).
   CtJob& j = ct_jobs_.push();
   j.p = p;

@@ -178,19 +178,6 @@ struct WorkerCounters {
   }
 };
 
-// The pass after conntrack of an established connection, cached (ct_stage.cc,
-// "Resuming after conntrack"). One per EMC slot whose key's megaflow is a
-// lone ct(table=T) (Megaflow::ct_resume): the connection that key's packets
-// belonged to, the state they got, and the megaflow and key the next pass
-// found. The next pass's key is a function of the first pass's key, the
-// connection's translation (its keys) and its state, mark and label, so a
-// packet with the same key whose conntrack result is the same skips that
-// pass's parse and lookups.
-// What every resumed packet reads is kept in the EMC entry itself (its side
-// data, on the page the hit has just read), its state and whether it has a
-// label in the entry's side tag; the label and the next pass's key, which
-// few packets read, in an array by slot. The connection's life count (conn.h)
-// stands for its mark and label: unchanged, so are they.
 // The worker's list of conntrack jobs (std::vector's interface, the part
 // the stage uses). push() is a bump with its growth out of line, so that
 // the pass's call that queues a job saves no registers (std::vector's
@@ -227,6 +214,19 @@ class JobList {
   size_t n_ = 0, cap_ = 0;
 };
 
+// The pass after conntrack of an established connection, cached (ct_stage.cc,
+// "Resuming after conntrack"). One per EMC slot whose key's megaflow is a
+// lone ct(table=T) (Megaflow::ct_resume): the connection that key's packets
+// belonged to, the state they got, and the megaflow and key the next pass
+// found. The next pass's key is a function of the first pass's key, the
+// connection's translation (its keys) and its state, mark and label, so a
+// packet with the same key whose conntrack result is the same skips that
+// pass's parse and lookups.
+// What every resumed packet reads is kept in the EMC entry itself (its side
+// data, on the page the hit has just read), its state and whether it has a
+// label in the entry's side tag; the label and the next pass's key, which
+// few packets read, in an array by slot. The connection's life count (conn.h)
+// stands for its mark and label: unchanged, so are they.
 struct CtResume {
   Conn* conn;
   Megaflow* mf;

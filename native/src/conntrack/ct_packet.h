@@ -16,6 +16,9 @@
 // TCP, UDP (a zero UDP checksum stays zero), ICMP; for an ICMP error also the
 // quoted IP header and L4 ports and their checksums (RFC 5508).
 //
+// The common case of each, IPv4 TCP or UDP (ct_extract_v4, ct_nat_xlat), is
+// inline here: the stage's path for a known connection calls nothing.
+//
 // Pure on the packet; worker threads.
 #pragma once
 

@@ -30,8 +30,6 @@
 namespace dpu {
 namespace {
 
-constexpr uint8_t kWscaleSet = kTcpWscaleSet, kWscaleMask = kTcpWscaleMask;
-constexpr int64_t kMaxAckWindow = kTcpMaxAckWindow;
 
 inline bool seq_gt(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) > 0; }
 inline bool seq_geq(uint32_t a, uint32_t b) { return static_cast<int32_t>(a - b) >= 0; }
@@ -58,7 +56,7 @@ void tcp_init(Conn* c, const CtPacket& p) {
   // and shifted back if the responder does not agree to scaling.
   t.max_win[0] = p.win ? p.win : 1;
   if (p.wscale >= 0) {
-    t.wscale[0] = static_cast<uint8_t>(p.wscale | kWscaleSet);
+    t.wscale[0] = static_cast<uint8_t>(p.wscale | kTcpWscaleSet);
     t.max_win[0] = (t.max_win[0] + (1u << p.wscale) - 1) >> p.wscale;
   }
   t.state[0] = TCPS_SYN_SENT;
@@ -90,9 +88,9 @@ CtUpdate tcp_update(Conn* c, const CtPacket& p, bool reply) {
   }
 
   uint8_t sws = 0, dws = 0;
-  if (!(f & kTcpSyn) && (t.wscale[s] & kWscaleSet) && (t.wscale[d] & kWscaleSet)) {
-    sws = t.wscale[s] & kWscaleMask;
-    dws = t.wscale[d] & kWscaleMask;
+  if (!(f & kTcpSyn) && (t.wscale[s] & kTcpWscaleSet) && (t.wscale[d] & kTcpWscaleSet)) {
+    sws = t.wscale[s] & kTcpWscaleMask;
+    dws = t.wscale[d] & kTcpWscaleMask;
   }
   uint32_t win = p.win;
   const uint32_t orig_seq = p.seq;
@@ -104,14 +102,14 @@ CtUpdate tcp_update(Conn* c, const CtPacket& p, bool reply) {
     // The first packet from this side (normally the SYN-ACK). The peer has
     // only sent its SYN, whose window (its max_win, see tcp_init) is what
     // may come back now.
-    if ((f & kTcpSyn) && (t.wscale[d] & kWscaleSet)) {
+    if ((f & kTcpSyn) && (t.wscale[d] & kTcpWscaleSet)) {
       if (p.wscale >= 0) {  // both sides scale (RFC 7323)
-        t.wscale[s] = static_cast<uint8_t>(p.wscale | kWscaleSet);
+        t.wscale[s] = static_cast<uint8_t>(p.wscale | kTcpWscaleSet);
         sws = static_cast<uint8_t>(p.wscale);
         win = (win + (1u << sws) - 1) >> sws;  // store windows in scaled units
-        dws = t.wscale[d] & kWscaleMask;
+        dws = t.wscale[d] & kTcpWscaleMask;
       } else {  // the option was not agreed: nobody scales, the SYN's window is bytes again
-        t.max_win[d] <<= t.wscale[d] & kWscaleMask;
+        t.max_win[d] <<= t.wscale[d] & kTcpWscaleMask;
         t.wscale[d] = 0;
       }
     }
@@ -134,8 +132,8 @@ CtUpdate tcp_update(Conn* c, const CtPacket& p, bool reply) {
   }
   const int64_t ackskew = check_ackskew ? static_cast<int32_t>(t.seqlo[d] - ack) : 0;
   const bool in_window = seq_geq(t.seqhi[s], end) &&
-                         seq_geq(seq, t.seqlo[s] - (t.max_win[d] << dws)) && ackskew >= -kMaxAckWindow &&
-                         ackskew <= (kMaxAckWindow << sws) &&
+                         seq_geq(seq, t.seqlo[s] - (t.max_win[d] << dws)) && ackskew >= -kTcpMaxAckWindow &&
+                         ackskew <= (kTcpMaxAckWindow << sws) &&
                          (!(f & kTcpRst) || orig_seq == t.seqlo[s] || orig_seq == t.seqlo[s] + 1 ||
                           orig_seq + 1 == t.seqlo[s]);
   auto slide = [&] {
@@ -160,7 +158,7 @@ CtUpdate tcp_update(Conn* c, const CtPacket& p, bool reply) {
   // table), or the connection is going away. Tracked, but not refreshed.
   const bool loose_phase =
       t.state[d] < TCPS_SYN_SENT || t.state[d] >= TCPS_FIN_WAIT_2 || t.state[s] >= TCPS_FIN_WAIT_2;
-  if (loose_phase && seq_geq(t.seqhi[s] + kMaxAckWindow, end) && seq_geq(seq, t.seqlo[s] - kMaxAckWindow)) {
+  if (loose_phase && seq_geq(t.seqhi[s] + kTcpMaxAckWindow, end) && seq_geq(seq, t.seqlo[s] - kTcpMaxAckWindow)) {
     slide();
     if ((f & kTcpFin) && t.state[s] < TCPS_CLOSING) t.state[s] = TCPS_CLOSING;
     if (f & kTcpRst) t.state[s] = t.state[d] = TCPS_TIME_WAIT;
@@ -200,7 +198,7 @@ uint64_t ct_tcp_selftest(uint64_t iterations, uint64_t seed, uint64_t* fast, uin
                                     kTcpSyn, kTcpRst, 0};
   static const uint8_t kStates[] = {TCPS_ESTABLISHED, TCPS_ESTABLISHED, TCPS_ESTABLISHED, TCPS_ESTABLISHED,
                                     TCPS_SYN_SENT,    TCPS_CLOSING,     TCPS_FIN_WAIT_2,  TCPS_CLOSED};
-  static const uint8_t kScales[] = {0, kWscaleSet, kWscaleSet | 1, kWscaleSet | 7, kWscaleSet | 14, 14};
+  static const uint8_t kScales[] = {0, kTcpWscaleSet, kTcpWscaleSet | 1, kTcpWscaleSet | 7, kTcpWscaleSet | 14, 14};
   static const uint32_t kWins[] = {1, 2, 1000, 65535, 65535u << 14, 0x7fffffffu, 0xffffffffu};
   static const uint32_t kBases[] = {0, 1, 0x7fffffffu, 0x80000000u, 0xffffffffu};
   auto pick = [&](const auto& a) { return a[rnd() % (sizeof a / sizeof a[0])]; };
@@ -218,8 +216,8 @@ uint64_t ct_tcp_selftest(uint64_t iterations, uint64_t seed, uint64_t* fast, uin
     }
     const bool reply = rnd() & 1;
     const int s = reply ? 1 : 0, d = 1 - s;
-    const bool scaled = (t.wscale[s] & kWscaleSet) && (t.wscale[d] & kWscaleSet);
-    const uint8_t sws = scaled ? t.wscale[s] & kWscaleMask : 0, dws = scaled ? t.wscale[d] & kWscaleMask : 0;
+    const bool scaled = (t.wscale[s] & kTcpWscaleSet) && (t.wscale[d] & kTcpWscaleSet);
+    const uint8_t sws = scaled ? t.wscale[s] & kTcpWscaleMask : 0, dws = scaled ? t.wscale[d] & kTcpWscaleMask : 0;
     CtPacket p;
     p.tcp_flags = pick(kFlags);
     const uint32_t payloads[] = {0, 0, 1, 1460, static_cast<uint32_t>(rnd() % 70000)};
@@ -231,8 +229,8 @@ uint64_t ct_tcp_selftest(uint64_t iterations, uint64_t seed, uint64_t* fast, uin
       default: p.seq = static_cast<uint32_t>(rnd());
     }
     switch (rnd() % 4) {
-      case 0: p.ack = t.seqlo[d] + static_cast<uint32_t>(kMaxAckWindow) + off1(); break;         // skew -max
-      case 1: p.ack = t.seqlo[d] - static_cast<uint32_t>(kMaxAckWindow << sws) + off1(); break;  // skew +max
+      case 0: p.ack = t.seqlo[d] + static_cast<uint32_t>(kTcpMaxAckWindow) + off1(); break;         // skew -max
+      case 1: p.ack = t.seqlo[d] - static_cast<uint32_t>(kTcpMaxAckWindow << sws) + off1(); break;  // skew +max
       case 2: p.ack = t.seqlo[d] + off1(); break;
       default: p.ack = static_cast<uint32_t>(rnd());
     }
