@@ -261,7 +261,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
     if (__builtin_expect(j + kReplyAhead < n && ct_kind_[j + kReplyAhead] == kSnatNew, 0))
       ct.prefetch_snat_reply(ct_prep_[j + kReplyAhead], *ct_jobs_[j + kReplyAhead].spec);
     const CtJob job = ct_jobs_[j];
-    const int64_t now = std::max(clock, static_cast<int64_t>(job.p->md.timestamp_ns));
+    const int64_t now = std::max(clock, Conntrack::stamp(job.p->md.timestamp_ns));
     CtResult r;
     const CtResume* known = nullptr;
     uint16_t known_tag = 0;

@@ -210,7 +210,7 @@ void Worker::process(Batch& in) {
   // batches that reach a ct action (an ARP at t=60 in a replay moves it
   // too), once the batch is done: each of its packets was tracked at its
   // own time (ct_stage.cc).
-  if (max_ts_) dp_->conntrack().now(dp_->now_ns(), static_cast<int64_t>(max_ts_));
+  if (max_ts_) dp_->conntrack().now(dp_->now_ns(), Conntrack::stamp(max_ts_));
   uint64_t t0 = profile_ ? cycles_now() : 0;
   flush_tx(recirculated_);
   if (profile_) counters.cycles[STAGE_TX] += cycles_now() - t0;

@@ -321,7 +321,7 @@ void XlateCtx::do_bucket(const Bucket& b) {
   depth_--;
   size_t n = out_.actions.size() - at - 1;
   if (n == 0) out_.actions.pop_back();
-  else out_.actions[at].n_nested = static_cast<uint16_t>(n);
+  else out_.actions[at].n_nested = static_cast<uint32_t>(n);
   flow_ = sf;
   base_ = sb;
   written_ = sw;

@@ -71,7 +71,7 @@ struct alignas(64) DpAction {
   uint16_t words = 0;      // sets: bit k = window bytes 2k..2k+1 change
   uint16_t addr_words = 0; // sets: the changing words that are IP addresses
   uint32_t port = 0;       // OUTPUT; TNL_PUSH: underlay port; TNL_POP: tunnel port
-  uint16_t n_nested = 0;   // CLONE
+  uint32_t n_nested = 0;   // CLONE: the actions that follow and belong to it (any count a list can hold)
   uint16_t reason = 0;     // DROP
   uint16_t tpid = 0, tci = 0;  // PUSH_VLAN (host order)
   uint8_t full = 0;        // sets: every mask byte of the window is 0xff (plain copy)

@@ -302,6 +302,14 @@ class Conntrack {
   // The conntrack clock at monotonic time `mono` (the dataplane's clock,
   // ns), taking the newest packet timestamp of a batch into account (0: none).
   int64_t now(int64_t mono, int64_t packet_ts = 0);
+  // A packet's timestamp (ns, unsigned) on the conntrack clock: saturated at
+  // kMaxStamp (2^62 ns, the year 2116 in Unix time), so that a stamp of 2^63
+  // or more is a jump to the clock's end rather than a negative time that
+  // moves nothing, and clock + timeout never overflows.
+  static constexpr int64_t kMaxStamp = int64_t{1} << 62;
+  static int64_t stamp(uint64_t ts_ns) {
+    return ts_ns >= static_cast<uint64_t>(kMaxStamp) ? kMaxStamp : static_cast<int64_t>(ts_ns);
+  }
   // Expiry from outside the workers (dumps, counters): a bounded slice of
   // every worker's wheel that is not busy.
   void expire(int64_t now, size_t budget) { sweep_others(nullptr, now, budget); }
