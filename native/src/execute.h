@@ -266,7 +266,7 @@ void Worker::run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n
         break;
       }
       case Dp::SET_ETH:
-        if (p->len >= 12) exec::masked_copy(p->data() + act.ofs, act);
+        if (p->len >= 14) exec::masked_copy(p->data() + act.ofs, act);  // as OVS, only with a whole Ethernet header (dp_packet_eth)
         break;
       case Dp::SET_VLAN:
         exec::set_vlan(p, act);
