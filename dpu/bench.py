@@ -289,6 +289,150 @@ def _snat_new():
     return dp, pkts, ports, {"flows": n, "rules": len(dp.dump_flows())}
 
 
+# ---- rule changes while traffic flows ---------------------------------------------------
+
+CHURN_RATE = 1000  # changes a second, from another thread, one transaction each
+
+
+def _churn_1k():
+    """The l3-rewrite-1k traffic while rules no packet of it reaches come and go
+    in the table its routes are in (priority 200, 10.200.0.0/16 destinations):
+    add, then delete, one rule per transaction."""
+    dp, pkts, ports, info = _l3(1000)
+
+    def change(k: int, t) -> None:
+        j = (k // 2) & 0xFFFF
+        flow = f"table=0,priority=200,in_port=p1,ip,nw_dst=10.200.{j >> 8}.{j & 255}"
+        if k % 2 == 0:
+            t.add_flow(flow + ",actions=output:r1")
+        else:
+            t.del_flows(flow, strict=True)
+    return dp, pkts, ports, info, change
+
+
+def _hit_mac(route: int, stamp: int) -> str:
+    return f"02:00:{route >> 8 & 255:02x}:{route & 255:02x}:{stamp >> 8 & 255:02x}:{stamp & 255:02x}"
+
+
+def _hit_rules(route: int, stamp: int) -> List[str]:
+    dst = _ip(_ipint("10.0.0.0"), route)
+    return [f"table=0,priority=100,in_port=p1,ip,nw_dst={dst},actions=mod_dl_dst:{_hit_mac(route, stamp)},goto_table:1",
+            f"table=1,priority=100,ip,nw_dst={dst},actions=mod_dl_src:{_hit_mac(route, stamp)},dec_ttl,"
+            f"output:r{route % 4 + 1}"]
+
+
+def _churn_hit_1k():
+    """The l3-rewrite-1k traffic through two tables (the route's rule sets the
+    destination MAC, then a second rule the source MAC), while each change
+    restamps one route's two rules, in one transaction, with the version it
+    makes: every output must carry that route's stamp as of the version its
+    batch ran at, in both addresses (runner.h, BenchCheck)."""
+    n_routes = 1000
+    dp = Dataplane(ports=["p1", "r1", "r2", "r3", "r4"])
+    base = dp.version + 1
+    dp.add_flows([f for r in range(n_routes) for f in _hit_rules(r, base)])
+    assert dp.version == base
+    vary = {"ip.dst": f"10.0.0.0-{_ip(_ipint('10.0.0.0'), n_routes - 1)}", "udp.sport": "1024-65535"}
+    pkts = gen.generate(f'Ether(dst="{ROUTER_MAC}",src="02:00:00:00:0a:01")/IP(src="172.16.0.1",dst="10.0.0.0",ttl=64)/UDP(sport=1024,dport=5000)',
+                        1000, flows=1000, vary=vary, size=PACKET_SIZE)
+    ports = np.full(len(pkts), dp.port_number("p1"), dtype=np.uint32)
+
+    def change(k: int, t) -> None:
+        for f in _hit_rules(k % n_routes, (base + 1 + k) & 0xFFFF):
+            t.add_flow(f)  # same match and priority: replaces the rule
+    info = {"flows": 1000, "rules": 2 * n_routes, "check": (base, n_routes)}
+    return dp, pkts, ports, info, change
+
+
+class _Churn:
+    """Commits change(k, transaction) for k = 0, 1, ... at `rate` a second
+    from a thread of its own until stopped; each is one transaction, and must
+    make exactly the next version (no other writer while it runs)."""
+
+    def __init__(self, dp, change, rate: float, first_version: int):
+        import threading
+        self.dp, self.change, self.rate = dp, change, rate
+        self.k = 0
+        self.next_version = first_version
+        self.error: Optional[BaseException] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dpu-bench-churn", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            t0 = time.perf_counter()
+            while not self._stop.is_set():
+                wait = t0 + self.k / self.rate - time.perf_counter()
+                if wait > 0 and self._stop.wait(wait):
+                    break
+                with self.dp.transaction() as t:
+                    self.change(self.k, t)
+                if t.result["version"] != self.next_version:
+                    raise RuntimeError(f"change {self.k} made version {t.result['version']}, "
+                                       f"not {self.next_version}: another writer?")
+                self.next_version += 1
+                self.k += 1
+        except BaseException as e:  # reported by stop()
+            self.error = e
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.seconds = time.perf_counter() - self._t0
+        if self.error and not exc[0]:
+            raise self.error
+
+
+def _churn_run(name: str, packets: int, repeat: int, progress: Optional[Progress], burst: int) -> dict:
+    """A churn scenario: l3-rewrite-1k measured first in the same process
+    (the reference), then the scenario's traffic while its changes are
+    committed. Upcalls are those of the measured runs under churn."""
+    ref = measure(*_l3(1000)[:3], packets, repeat, burst=burst)
+    t0 = time.perf_counter()
+    dp, pkts, ports, info, change = {"churn-1k": _churn_1k, "churn-hit-1k": _churn_hit_1k}[name]()
+    setup_s = time.perf_counter() - t0
+    check = info.pop("check", None)
+    data = pkts.data.tobytes()
+    dp._core.bench(data, pkts.offsets, pkts.lengths, ports, warm_up_packets(len(pkts)), burst)
+    before = report.workers_total(dp.stats())
+    rates, checked, wrong, changes, churn_s = [], 0, 0, 0, 0.0
+    churn = _Churn(dp, change, CHURN_RATE, dp.version + 1)
+    with churn:
+        for i in range(repeat):
+            if check is None:
+                n, secs = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets, burst)
+            else:
+                n, secs, c, w = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets, burst, check)
+                checked += c
+                wrong += w
+            rates.append(n / secs)
+            if progress:
+                progress(2 + i, 1 + repeat, (i + 1) * packets)
+    changes, churn_s = churn.k, churn.seconds
+    cache = report.cache_stats(report.worker_delta(report.workers_total(dp.stats()), before))
+    delta = report.worker_delta(report.workers_total(dp.stats()), before)
+    med = statistics.median(rates)
+    res = {"scenario": name, "packet_size": PACKET_SIZE, "packets": packets, "repeat": repeat, "burst": burst,
+           "setup_seconds": round(setup_s, 3), **info,
+           "mpps": round(med / 1e6, 3), "ns_per_packet": round(1e9 / med, 2),
+           "runs_mpps": [round(r / 1e6, 3) for r in rates],
+           "emc_hit_rate": cache["emc_hit_rate"], "megaflow_hit_rate": cache["megaflow_hit_rate"],
+           "upcalls": cache["upcalls"], "passes_per_packet": cache["passes_per_packet"],
+           "megaflows": cache["megaflows"],
+           "changes": changes, "changes_per_s": round(changes / churn_s, 1) if churn_s else 0.0,
+           "megaflows_revalidated": delta.get("megaflows_revalidated", 0),
+           "l3_rewrite_1k_mpps": ref["mpps"], "ratio": round(med / 1e6 / ref["mpps"], 3) if ref["mpps"] else None,
+           "target_ratio": TARGET_RATIO[name]}
+    if check is not None:
+        res["checked"], res["wrong_version"] = checked, wrong
+    return res
+
+
 BUILDERS: Dict[str, Callable[[], Tuple[Any, Any, Any, dict]]] = {
     "l3-rewrite-1k": lambda: _l3(1000),
     "l3-rewrite-100k": lambda: _l3(100_000),
@@ -302,7 +446,8 @@ BUILDERS: Dict[str, Callable[[], Tuple[Any, Any, Any, dict]]] = {
     "snat-1m": lambda: _snat_established(1_000_000),
     "snat-est-1k": lambda: _snat_established(1_000),
 }
-SCENARIOS = list(BUILDERS) + ["replay-10m"]
+SCENARIOS = list(BUILDERS) + ["replay-10m", "churn-1k", "churn-hit-1k"]
+TARGET_RATIO = {"churn-1k": 0.95, "churn-hit-1k": 0.70}  # of l3-rewrite-1k in the same run
 TARGETS_MPPS = {"l3-rewrite-1k": 25, "l3-rewrite-100k": 10, "l3-rewrite-1m": 5, "rules-10k": 15, "replay-10m": 5,
                 "vxlan-encap-1k": 20, "vxlan-decap-1k": 20, "tenants-1k": 10, "snat-est-10k": 12, "snat-1m": 6,
                 "snat-new": 1.5}
@@ -391,6 +536,8 @@ def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool 
     which reads MAX_BURST frames a batch)."""
     if name == "replay-10m":
         return _replay_10m(packets or 10_000_000, min(repeat, 3), progress)
+    if name in TARGET_RATIO:
+        return _churn_run(name, packets or 10_000_000, repeat, progress, burst)
     t0 = time.perf_counter()
     dp, pkts, ports, info = BUILDERS[name]()
     setup_s = time.perf_counter() - t0
@@ -467,6 +614,12 @@ def render(res: dict) -> str:
         line += f"  connections={res['connections']} ({res['bytes_per_conn']} B each)"
     if "conns_per_s" in res:
         line += f"  new={res['conns_per_s'] / 1e6:.2f}M conns/s (expired {res['expired']:,})"
+    if "changes" in res:
+        line += (f"  changes={res['changes']} ({res['changes_per_s']:.0f}/s, "
+                 f"{res['megaflows_revalidated']} megaflows dropped)"
+                 f"  {res['ratio']:.0%} of l3-rewrite-1k ({res['l3_rewrite_1k_mpps']} Mpps; target {res['target_ratio']:.0%})")
+    if "checked" in res:
+        line += f"  checked={res['checked']} wrong_version={res['wrong_version']}"
     if res.get("target_mpps"):
         line += f"  (target {res['target_mpps']})"
     if "stages_ns_per_packet" in res:

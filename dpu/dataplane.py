@@ -202,6 +202,13 @@ class Transaction:
     def del_flows(self, match: str = "", strict: bool = False) -> None:
         self.ops.append(("del_flows_strict" if strict else "del_flows", match))
 
+    def replace_flows(self, match: str = "") -> None:
+        """The flows `match` selects (as del_flows) are replaced by the flows
+        this transaction adds after it: one added unchanged (same table,
+        match, priority, cookie and actions) stays as it was, with its
+        counters, age and cached megaflows (ovs-ofctl replace-flows)."""
+        self.ops.append(("replace_flows", match))
+
     # groups
     def add_group(self, group: str) -> None:
         self.ops.append(("add_group", group))
@@ -461,12 +468,19 @@ class Dataplane:
                 if any(cur.get(k) != v for k, v in p.items() if k != "ofport"):
                     t.del_port(p["name"])
                     t.add_ports.append(dict(p, ofport=cur["ofport"]))
-        t.del_flows(f"cookie={TOPOLOGY_COOKIE:#x}/{TOPOLOGY_COOKIE_MASK:#x}")
-        if old is not None:
-            for text, _ in old.groups:
-                t.del_groups(text.split(",", 1)[0])
-        for text, _ in comp.groups:
-            t.add_group(text)
+        # Only what differs changes: unchanged flows and groups keep their
+        # counters and the workers their cached megaflows.
+        t.replace_flows(f"cookie={TOPOLOGY_COOKIE:#x}/{TOPOLOGY_COOKIE_MASK:#x}")
+        was = {text.split(",", 1)[0]: text for text, _ in old.groups} if old is not None else {}
+        now = {text.split(",", 1)[0]: text for text, _ in comp.groups}
+        for gid in was:
+            if gid not in now:
+                t.del_groups(gid)
+        for gid, text in now.items():
+            if gid not in was:
+                t.add_group(text)
+            elif was[gid] != text:
+                t.mod_group(text)
         for text, _ in comp.flows:
             t.add_flow(text)
         if extra_flows:
@@ -659,17 +673,27 @@ class Dataplane:
         return replay(self, inputs, out_dir, progress=progress, chunk=chunk, drops_pcap=drops_pcap)
 
     # ---- counters ---------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The configuration version in force: each committed transaction
+        makes the next one (docs/design.md, "Changes without stopping the world")."""
+        return self._core.version()
+
     def stats(self, sync: bool = True) -> dict:
         """Counters: per port, per table, per tenant, per worker (pmd-stats-show:
         ``workers``, and their sum ``workers_total``, also under its old name
-        ``pmd``). ``sync=False`` never waits for a worker: rule and table
-        counters are then as of each worker's last housekeeping (live mode: 50 ms)."""
+        ``pmd``). Every counter is read as it stands, with relaxed loads: no
+        worker's lock is taken and nothing expires (a read never changes what
+        it measures). Table counters come from the workers' megaflow counts,
+        which an API call (process, replay, bench) credits before it returns
+        and a live worker at its housekeeping (every 50 ms). ``sync`` is
+        accepted for scripts that pass it and changes nothing."""
         raw = self._core.stats()
         names = {p["ofport"]: p["name"] for p in self._core.ports()}
         ports = {names.get(n, str(n)): c for n, c in raw["ports"].items()}
         tenants = {name: raw["tenants"][slot] for name, _, slot in self._core.tenants() if slot < len(raw["tenants"])}
         tables = []
-        for t, (lookups, matches, active) in enumerate(self._core.tables(sync)):
+        for t, (lookups, matches, active) in enumerate(self._core.tables(False)):
             if lookups or active:
                 tables.append(
                     {"table": t, "active": active, "lookups": lookups, "matches": matches, "misses": lookups - matches}

@@ -702,6 +702,15 @@ def test_second_pass_hits_caches_and_agrees(rules, data):
     assert [(o.index, o.port, o.data) for o in first] == [(o.index, o.port, o.data) for o in second]
 
 
+def _replacements(data, flows, cookie: str, fourth: str) -> List[str]:
+    """One to three of `flows` again with new actions (one of five, `fourth`
+    among them) and cookies: the same match and priority."""
+    return [v.split(",actions=")[0].replace("cookie=0x", f"cookie={cookie}") + ",actions="
+            + data.draw(st.sampled_from(["output:p2", "mod_dl_dst:02:00:00:00:00:09,output:p3", "drop", fourth,
+                                         "in_port"]))
+            for v in data.draw(st.lists(st.sampled_from(flows), min_size=1, max_size=3, unique=True))]
+
+
 @settings(max_examples=max(1, EXAMPLES // 4), **SETTINGS)
 @given(rules=rule_sets(), more=rule_sets(max_rules=4),
        change=st.sampled_from(["del_table", "del_all", "add", "del_strict", "replace", "del_match"]),
@@ -736,14 +745,53 @@ def test_rule_changes_take_effect_immediately(rules, more, change, data):
         extra = [f.replace("cookie=0x", "cookie=0x10") for f in more[1] if "group:" not in f]
         if change == "replace":
             # the same match and priority as existing flows, new actions and cookies
-            extra = [v.split(",actions=")[0].replace("cookie=0x", "cookie=0x20") + ",actions="
-                     + data.draw(st.sampled_from(["output:p2", "mod_dl_dst:02:00:00:00:00:09,output:p3", "drop",
-                                                  "drop(policy)", "in_port"]))
-                     for v in data.draw(st.lists(st.sampled_from(flows), min_size=1, max_size=3, unique=True))]
+            extra = _replacements(data, flows, "0x20", "drop(policy)")
         what = f"add_flows({extra})"
         dp.add_flows(extra)
         model.add_flows(extra)
     run_and_compare(dp, model, pkts, ctx + f"\n(after {what})")
+
+
+@settings(max_examples=max(1, EXAMPLES // 6), **SETTINGS)
+@given(rules=rule_sets(), rounds=st.lists(st.tuples(rule_sets(max_rules=3), st.integers(0, 3)), min_size=2,
+                                          max_size=5), data=st.data())
+def test_many_changes_on_warm_caches(rules, rounds, data):
+    """Changes without a flush (docs/design.md, "Changes without stopping the
+    world"): one dataplane keeps its caches across several rounds of changes,
+    each round's packets compared with the model, which has no caches. A
+    megaflow kept after a change that could affect it shows as a difference."""
+    pkts = data.draw(inputs_for(rules), label="pkts")
+    groups, flows = rules
+    dp, model = build(groups, flows)
+    ctx = _describe(groups, flows, pkts)
+    run_and_compare(dp, model, pkts, ctx + "\n(before the changes)")
+    live = list(flows)
+    for n, ((_, more), kind) in enumerate(rounds):
+        extra = [f.replace("cookie=0x", f"cookie=0x{n + 3}0") for f in more
+                 if "group:" not in f and not any(a in f for a in VLAN_ACTIONS)]
+        if kind == 0 or not live:  # new rules
+            what = f"add_flows({extra})"
+            dp.add_flows(extra)
+            model.add_flows(extra)
+            live += extra
+        elif kind == 1:  # one rule deleted (strict)
+            victim = data.draw(st.sampled_from(live))
+            spec = ",".join(i for i in victim.split(",actions=")[0].split(",") if not i.startswith("cookie="))
+            what = f"del_flows({spec!r}, strict=True)"
+            assert dp.del_flows(spec, strict=True) == model.del_flows(spec, strict=True)
+        elif kind == 2:  # rules replaced: same match and priority, new actions
+            extra = _replacements(data, live, f"0x{n + 5}0", "resubmit(,2)")
+            what = f"add_flows({extra})"
+            dp.add_flows(extra)
+            model.add_flows(extra)
+        else:  # deleted and added again in one transaction
+            what = "del_flows('') + add_flows(the same) in one transaction"
+            with dp.transaction() as t:
+                t.del_flows("")
+                t.add_flows(live)
+            model.del_flows("")
+            model.add_flows(live)
+        run_and_compare(dp, model, pkts, ctx + f"\n(after round {n}: {what})")
 
 
 # ---- deterministic corner cases ---------------------------------------------------------

@@ -179,9 +179,11 @@ py::dict worker_counters_dict(const WorkerCounters& c) {
 }
 
 const TxnOp::Kind kOpKinds[] = {TxnOp::ADD_FLOW, TxnOp::MOD_FLOWS, TxnOp::MOD_FLOWS_STRICT, TxnOp::DEL_FLOWS,
-                                TxnOp::DEL_FLOWS_STRICT, TxnOp::ADD_GROUP, TxnOp::MOD_GROUP, TxnOp::DEL_GROUPS};
+                                TxnOp::DEL_FLOWS_STRICT, TxnOp::ADD_GROUP, TxnOp::MOD_GROUP, TxnOp::DEL_GROUPS,
+                                TxnOp::REPLACE_FLOWS};
 const char* const kOpNames[] = {"add_flow", "mod_flows", "mod_flows_strict", "del_flows",
-                                "del_flows_strict", "add_group", "mod_group", "del_groups"};
+                                "del_flows_strict", "add_group", "mod_group", "del_groups", "replace_flows"};
+static_assert(std::size(kOpKinds) == std::size(kOpNames), "one name per kind");
 
 // One transaction from Python: ports to add and delete, flow/group ops as
 // (kind, text), tenants (None: unchanged), create_ports. Applied atomically.
@@ -194,7 +196,7 @@ py::dict apply_txn(Dataplane& dp, const py::list& add_ports, const std::vector<s
   for (const auto& op : ops) {
     TxnOp o;
     bool found = false;
-    for (size_t k = 0; k < 8; k++)
+    for (size_t k = 0; k < std::size(kOpNames); k++)
       if (op.first == kOpNames[k]) {
         o.kind = kOpKinds[k];
         found = true;
@@ -276,8 +278,7 @@ py::list ct_dump(Dataplane& dp, int zone) {
   {
     py::gil_scoped_release nogil;
     const int64_t now = dp.conntrack().now(dp.now_ns());
-    dp.conntrack().expire(now, 1u << 16);
-    dp.conntrack().dump(zone, now, &v);
+    dp.conntrack().dump(zone, now, &v);  // live connections only; expiry is the workers' (housekeeping)
   }
   py::list l;
   for (const auto& e : v) {
@@ -299,12 +300,11 @@ py::list ct_dump(Dataplane& dp, int zone) {
   return l;
 }
 
+// Counters only, each read relaxed: no worker's lock is taken and nothing
+// expires here (a scrape must not change what it measures; expiry runs in
+// the workers' stages and housekeeping).
 py::dict ct_stats(Dataplane& dp) {
   Conntrack& ct = dp.conntrack();
-  {
-    py::gil_scoped_release nogil;
-    ct.expire(ct.now(dp.now_ns()), 1u << 16);
-  }
   py::dict d;
   d["connections"] = ct.count();
   std::vector<std::pair<uint16_t, uint32_t>> zones;
@@ -319,10 +319,10 @@ py::dict ct_stats(Dataplane& dp) {
   d["recirc_ids"] = dp.recirc().size();
   uint64_t created = 0, expired = 0, removed = 0;
   for (size_t i = 0; i < dp.n_workers(); i++) {
-    std::lock_guard<std::mutex> g(dp.worker(i).mu);
-    created += dp.worker(i).ct_worker().created;
-    expired += dp.worker(i).ct_worker().expired;
-    removed += dp.worker(i).ct_worker().removed;
+    const CtWorker::Counts c = dp.worker(i).ct_worker().counts();
+    created += c.created;
+    expired += c.expired;
+    removed += c.removed;
   }
   d["created"] = created;
   d["expired"] = expired;
@@ -857,7 +857,8 @@ void bind_packets(DataplaneClass& c) {
       .def("bench",
            [](Dataplane& dp, const py::bytes& data, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> offsets,
               py::array_t<uint32_t, py::array::c_style | py::array::forcecast> lens,
-              py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ports, uint64_t total, uint32_t burst) {
+              py::array_t<uint32_t, py::array::c_style | py::array::forcecast> ports, uint64_t total, uint32_t burst,
+              py::object check) {
              if (burst < 1 || burst > kBatchMax)
                throw py::value_error("burst: 1.." + std::to_string(kBatchMax) + ", got " + std::to_string(burst));
              size_t n = static_cast<size_t>(offsets.size());
@@ -875,15 +876,24 @@ void bind_packets(DataplaneClass& c) {
                if (ln[i] > Packet::max_capacity()) throw py::value_error("packet larger than a buffer");
                if (pt[i] >= known.size() || !known[pt[i]]) raise_status(Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(pt[i])));
              }
+             BenchCheck bc;
+             if (!check.is_none()) {  // (base version, routes): churn-hit's stamps (runner.h)
+               auto t = check.cast<std::pair<uint64_t, uint32_t>>();
+               if (t.second == 0) throw py::value_error("check: routes must be at least 1");
+               bc.on = true;
+               bc.base = t.first;
+               bc.routes = t.second;
+             }
              BenchStats bs;
              {
                py::gil_scoped_release nogil;
-               bs = bench_run(&dp, reinterpret_cast<const uint8_t*>(buf.data()), off, ln, pt, n, total, burst);
+               bs = bench_run(&dp, reinterpret_cast<const uint8_t*>(buf.data()), off, ln, pt, n, total, burst, &bc);
              }
-             return py::make_tuple(bs.packets, bs.seconds);
+             if (bc.on) return py::tuple(py::make_tuple(bs.packets, bs.seconds, bc.checked, bc.wrong));
+             return py::tuple(py::make_tuple(bs.packets, bs.seconds));
            },
            py::arg("data"), py::arg("offsets"), py::arg("lens"), py::arg("ports"), py::arg("total"),
-           py::arg("burst") = kDefaultBurst)
+           py::arg("burst") = kDefaultBurst, py::arg("check") = py::none())
       .def("replayer",
            [](Dataplane& dp, const std::vector<std::pair<uint32_t, std::string>>& inputs, const std::string& out_dir,
               const std::string& drops_pcap) {
@@ -923,6 +933,7 @@ void bind_packets(DataplaneClass& c) {
              std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_max_megaflows(n);
            })
+      .def("version", &Dataplane::version)
       .def("warp", &Dataplane::warp)
       .def("stop_clock", &Dataplane::stop_clock)
       .def("port_number", &Dataplane::port_number)

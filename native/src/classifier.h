@@ -1,4 +1,5 @@
-// classifier.h: one OpenFlow table: priority lookup by tuple-space search.
+// classifier.h: one OpenFlow table: priority lookup by tuple-space search,
+// versioned, read without locks while the control thread changes it.
 //
 // Rules are grouped into subtables, one per distinct mask; each subtable is a
 // hash of masked values -> rules (highest priority first, then commit order).
@@ -13,10 +14,24 @@
 // (lowest Rule::seq); a rule that replaces an identical match+priority keeps the
 // seq of the rule it replaced.
 //
-// Thread-safety: lookups are const and may run concurrently with each other;
-// insert/remove only under the dataplane's exclusive table lock.
+// Versions (as OVS's classifier, docs/design.md "Changes without stopping the
+// world"): a rule is visible from Rule::add_version until Rule::remove_version
+// (exclusive). A lookup is made at a version: it sees exactly the rules visible
+// in it, so a worker that took version V at the start of its batch sees V's
+// rules for the whole batch, whatever is committed meanwhile. The writer adds
+// a rule with a version not yet published and deletes one by setting its
+// remove_version to the version being made; the rule leaves the structure
+// (remove()) only when no reader can still be at an older version (rcu.h).
+//
+// Concurrency: one writer at a time (the dataplane's control mutex); readers
+// on any thread, inside the dataplane's read section (rcu.h) or holding the
+// control mutex. Nothing a reader can reach is changed in place: a subtable's
+// slot array holds pointers to immutable rule lists that the writer replaces
+// (copy on write) and retires; a full array is rebuilt and the old one
+// retired; the sorted subtable list likewise.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -25,22 +40,49 @@
 
 namespace dpu {
 
+class Rcu;
+
 class Classifier {
  public:
-  // Best matching rule or nullptr; ORs the masks of probed subtables into *wc.
-  // The pointer stays valid until the table is next modified.
-  const RulePtr* lookup(const Flow& flow, Flow* wc) const;
-  void insert(const RulePtr& r);
-  bool remove(const Rule* r);
-  RulePtr find_exact(const Match& m, uint16_t priority) const;
-  size_t size() const { return n_rules_; }
-  size_t n_subtables() const { return subtables_.size(); }
+  Classifier();
+  ~Classifier();
+  Classifier(const Classifier&) = delete;
+  Classifier& operator=(const Classifier&) = delete;
+
+  // Readers. The best rule visible at `version` matching `flow`, or nullptr;
+  // ORs the masks of the subtables probed into *wc. The pointer stays valid
+  // for the rest of the caller's read section.
+  const RulePtr* lookup(const Flow& flow, uint64_t version, Flow* wc) const;
+  // Every rule visible at `version`.
   template <class F>
-  void for_each(F&& f) const {
-    for (const auto& st : subtables_)
-      for (const auto& kv : st->rules)
-        for (const RulePtr& r : kv.second) f(r);
+  void for_each(uint64_t version, F&& f) const {
+    const Order* o = order_.load(std::memory_order_acquire);
+    for (const Subtable* st : o->st) {
+      const Slots* s = st->slots.load(std::memory_order_acquire);
+      for (size_t i = 0; i <= s->mask; i++) {
+        const RuleList* l = s->at[i].load(std::memory_order_acquire);
+        if (!live(l)) continue;
+        for (const RulePtr& r : l->rules)
+          if (r->visible_in(version)) f(r);
+      }
+    }
   }
+
+  // Writer. The rule (its add_version set) goes in; it is visible once its
+  // version is published.
+  void insert(const RulePtr& r, Rcu& rcu);
+  // Takes the rule out of the structure. Only for a rule no reader can still
+  // see: its remove_version published and every reader of older versions gone.
+  bool remove(const Rule* r, Rcu& rcu);
+  // Publishes the subtable order that the inserts and removals since the
+  // last call need; before the version that makes their rules visible.
+  void publish(Rcu& rcu);
+  // The rule with this match and priority visible at `version`, if any.
+  RulePtr find_exact(const Match& m, uint16_t priority, uint64_t version) const;
+  // Rules visible at `version` (a count, for table stats and dumps).
+  size_t size(uint64_t version) const;
+  // Rules in the structure, whatever their versions.
+  size_t stored() const { return n_rules_; }
 
  private:
   struct KeyHash {
@@ -49,18 +91,48 @@ class Classifier {
   struct KeyEq {
     bool operator()(const Flow& a, const Flow& b) const { return std::memcmp(&a, &b, sizeof(Flow)) == 0; }
   };
+  // The rules with one masked value, best first. Immutable once published.
+  struct RuleList {
+    uint32_t hash = 0;
+    Flow key{};
+    std::vector<RulePtr> rules;
+  };
+  // Open addressing, linear probing; a slot goes from empty to a list, from
+  // a list to its replacement or to a tombstone, never back to empty (a
+  // reader stops at an empty slot). Rebuilt without tombstones when
+  // more than half is used.
+  struct Slots {
+    size_t mask = 0;  // size - 1
+    size_t used = 0;  // lists + tombstones (writer)
+    std::unique_ptr<std::atomic<const RuleList*>[]> at;
+    explicit Slots(size_t n);
+  };
   struct Subtable {
     Flow mask{};
-    std::unordered_map<Flow, std::vector<RulePtr>, KeyHash, KeyEq> rules;
-    std::unordered_map<uint16_t, uint32_t> priorities;  // priority -> rule count
-    int max_priority = -1;
+    std::atomic<const Slots*> slots{nullptr};
+    // writer
+    std::unordered_map<uint16_t, uint32_t> priorities;  // priority -> rules stored
+    int max_priority = -1;  // over every stored rule, whatever its versions
     size_t n = 0;
+    ~Subtable();
   };
-  Subtable* find_subtable(const Flow& mask) const;
-  void resort();
+  // The subtables, best max_priority first, with those priorities as they
+  // were when the list was published (never below a stored rule's).
+  struct Order {
+    std::vector<Subtable*> st;
+    std::vector<int> max_priority;
+  };
+  static const RuleList* tombstone() { return reinterpret_cast<const RuleList*>(uintptr_t{1}); }
+  static bool live(const RuleList* l) { return l != nullptr && l != tombstone(); }
+  static size_t find_slot(const Slots& s, uint32_t h, const Flow& key);  // index of key's list, or ~0
+  static uint32_t hash_of(const Flow& masked);
+  void set_list(Subtable* st, const Flow& key, uint32_t h, const RuleList* l, Rcu& rcu);
+  void publish_order(Rcu& rcu);
 
-  std::vector<std::unique_ptr<Subtable>> subtables_;  // sorted by max_priority, descending
-  std::unordered_map<Flow, Subtable*, KeyHash, KeyEq> by_mask_;
+  std::atomic<const Order*> order_;
+  // writer
+  bool order_dirty_ = false;
+  std::unordered_map<Flow, std::unique_ptr<Subtable>, KeyHash, KeyEq> by_mask_;
   size_t n_rules_ = 0;
 };
 

@@ -13,7 +13,6 @@
 // it, and at the end of the pass over the rest (in batch order either way),
 // inside the worker's epoch read section, and then advances the worker's
 // expiry wheel by a bounded slice. Worker thread only.
-#include "dataplane.h"
 #include "execute.h"
 #include "parse.h"
 
@@ -173,7 +172,7 @@ void Worker::ct_run_actions(Packet* p, Megaflow* mf, const Flow& key, std::vecto
 // pop a tunnel from (parse_stage<true>).
 bool Worker::ct_continue(Packet* p, const Megaflow* from, std::vector<Packet*>& next) {
   Megaflow* mf = from->after_ct;
-  if (!mf || mf->recirculates) return false;
+  if (!mf || mf->dead || mf->recirculates) return false;
   if (fast_tunnel_ && !tnl_terms_.empty() && p->md.in_port < is_underlay_.size() && is_underlay_[p->md.in_port])
     return false;
   Flow key;
@@ -297,7 +296,7 @@ void Worker::conntrack_stage(std::vector<Packet*>& next) {
       // (ct_fill_resume), so nothing after it reads the packet's conntrack
       // metadata: the result is not stored in the packet (store_result),
       // and the packet has no note to fill. Counted below.
-      if (known->same(r, known_tag, cold.label)) {
+      if (known->same(r, known_tag, cold.label) && !known->mf->dead) {
         resumed++;
         ct_run_actions(job.p, known->mf, cold.key, next);
         continue;

@@ -70,11 +70,16 @@ class Dataplane::TxnPorts : public PortNames {
   std::set<uint32_t> deleted_;
 };
 
-Dataplane::Dataplane(size_t n_workers) {
+Dataplane::Dataplane(size_t n_workers) : config_(new Config()) {
   ct_.set_origin(now_ns());
   for (size_t i = 0; i < std::max<size_t>(n_workers, 1); i++) workers_.push_back(std::make_unique<Worker>(this, 8192));
 }
-Dataplane::~Dataplane() = default;
+
+Dataplane::~Dataplane() {
+  workers_.clear();  // their read slots go first
+  rcu_.drain();      // deferred removals, while the tables exist
+  delete config_.load(std::memory_order_relaxed);
+}
 
 static int64_t monotonic_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -96,9 +101,20 @@ void Dataplane::stop_clock(bool stop) {
   }
 }
 
-Status Dataplane::validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortInfo>* add) {
+uint64_t Dataplane::version() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return config_.load(std::memory_order_relaxed)->version;
+}
+
+bool Dataplane::frag_nx_match() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return config_.load(std::memory_order_relaxed)->frag_nx_match;
+}
+
+Status Dataplane::validate_ports(const Txn& txn, const Config& cur, TxnPorts* tp, std::vector<PortInfo>* add) {
+  const PortTable& ports = *cur.ports;
   for (const std::string& name : txn.del_ports) {
-    uint32_t p = ports_.port_number(name);
+    uint32_t p = ports.port_number(name);
     if (!p) return Status::Error(Err::UNKNOWN_PORT, "cannot delete unknown port '" + name + "'");
     tp->deleted_.insert(p);
   }
@@ -112,7 +128,7 @@ Status Dataplane::validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortI
                                              "': use letters, digits, '_', '-', '.', not starting with a digit");
     if (tp->port_number(ps.name) && !txn.create_ports)
       return Status::Error(Err::CONFLICT, "port '" + ps.name + "' already exists");
-    if (tp->added_.count(ps.name) || (ports_.port_number(ps.name) && !tp->deleted_.count(ports_.port_number(ps.name))))
+    if (tp->added_.count(ps.name) || (ports.port_number(ps.name) && !tp->deleted_.count(ports.port_number(ps.name))))
       return Status::Error(Err::CONFLICT, "port '" + ps.name + "' already exists");
     PortInfo pi;
     pi.name = ps.name;
@@ -122,7 +138,7 @@ Status Dataplane::validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortI
       if (ps.ofport > kMaxOfport)
         return Status::Error(Err::BAD_VALUE, "port '" + ps.name + "': port number " + std::to_string(ps.ofport) +
                                                  " out of range (1-" + std::to_string(kMaxOfport) + ")");
-      if ((ports_.get(ps.ofport) && !tp->deleted_.count(ps.ofport)) ||
+      if ((ports.get(ps.ofport) && !tp->deleted_.count(ps.ofport)) ||
           tp->names_.count(ps.ofport))
         return Status::Error(Err::CONFLICT, "port number " + std::to_string(ps.ofport) + " is taken");
       pi.ofport = ps.ofport;
@@ -132,7 +148,7 @@ Status Dataplane::validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortI
     if (ps.tunnel) {
       uint32_t u = tp->port_number(ps.underlay);
       if (!u) return Status::Error(Err::UNKNOWN_PORT, "tunnel port '" + ps.name + "': unknown underlay port '" + ps.underlay + "'");
-      const PortInfo* up = ports_.get(u);
+      const PortInfo* up = ports.get(u);
       bool up_tunnel = up ? up->tunnel : false;
       for (const PortInfo& a : *add)
         if (a.ofport == u) up_tunnel = a.tunnel;
@@ -145,9 +161,9 @@ Status Dataplane::validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortI
     add->push_back(pi);
   }
   // A tunnel that stays must keep its underlay.
-  for (const PortInfo* p : ports_.all())
+  for (const PortInfo* p : ports.all())
     if (p->tunnel && !tp->deleted_.count(p->ofport) && tp->deleted_.count(p->tnl.underlay))
-      return Status::Error(Err::CONFLICT, "cannot delete port '" + ports_.port_name(p->tnl.underlay) +
+      return Status::Error(Err::CONFLICT, "cannot delete port '" + ports.port_name(p->tnl.underlay) +
                                               "': tunnel port '" + p->name + "' sends through it (delete both)");
   return Status::Ok();
 }
@@ -164,9 +180,10 @@ static bool rule_uses_group(const Rule& r, uint32_t g) {
   return false;
 }
 
-void Dataplane::collect(const FlowSpec& spec, bool strict, bool any_table, std::vector<RulePtr>* out) const {
-  int lo = spec.has_table ? spec.table : 0, hi = spec.has_table ? spec.table : kNumTables - 1;
-  if (any_table && !spec.has_table) lo = 0;
+// The rules of tables [lo, hi] visible at `version` that the spec selects
+// (ovs-ofctl's strict or non-strict matching, cookie, out_port, out_group).
+void Dataplane::collect(const FlowSpec& spec, bool strict, uint64_t version, std::vector<RulePtr>* out) const {
+  const int lo = spec.has_table ? spec.table : 0, hi = spec.has_table ? spec.table : kNumTables - 1;
   auto ok = [&](const Rule& r) {
     if ((r.cookie & spec.cookie_mask) != (spec.cookie & spec.cookie_mask)) return false;
     if (spec.out_port != kPortNone && !rule_outputs_to(r, spec.out_port)) return false;
@@ -175,10 +192,10 @@ void Dataplane::collect(const FlowSpec& spec, bool strict, bool any_table, std::
   };
   for (int t = lo; t <= hi; t++) {
     if (strict) {
-      RulePtr r = tables_[t].find_exact(spec.match, spec.priority);
+      RulePtr r = tables_[t].find_exact(spec.match, spec.priority, version);
       if (r && ok(*r)) out->push_back(r);
     } else {
-      tables_[t].for_each([&](const RulePtr& r) {
+      tables_[t].for_each(version, [&](const RulePtr& r) {
         if (match_covers(spec.match, r->match) && ok(*r)) out->push_back(r);
       });
     }
@@ -300,9 +317,10 @@ Status Dataplane::validate_group_op(const TxnOp& op, const TxnPorts& tp, GroupGr
 
 // Parses every flow and group op as the transaction will see the ports and
 // groups; the first error names its op's line (when there are several).
-Status Dataplane::validate_ops(const Txn& txn, const TxnPorts& tp, std::vector<ParsedOp>* parsed) const {
+Status Dataplane::validate_ops(const Txn& txn, const Config& cur, const TxnPorts& tp,
+                               std::vector<ParsedOp>* parsed) const {
   parsed->resize(txn.ops.size());
-  GroupGraph gg(groups_);
+  GroupGraph gg(*cur.groups);
   for (size_t i = 0; i < txn.ops.size(); i++) {
     const TxnOp& op = txn.ops[i];
     const int line = static_cast<int>(i) + 1;
@@ -335,125 +353,284 @@ Status Dataplane::validate_tenants(const Txn& txn) const {
   return Status::Ok();
 }
 
-void Dataplane::commit_ports(const Txn& txn, const TxnPorts& tp, const std::vector<PortInfo>& new_ports,
+// ---- commit: the next version ----------------------------------------------------------
+//
+// The next version in the making. Its Config starts as a copy of the current
+// one's pointers; a part is copied when the transaction first changes it.
+// Its rules go into the tables now, with add_version = the new version
+// (invisible to every reader until publish()); a rule it deletes gets that
+// version as its remove_version and leaves the table once no reader can be
+// at an older version (rcu.h). What it changed goes to the workers as a
+// ChangeSet: net changes only, so a rule deleted and added again unchanged
+// (a topology reload) changes nothing and costs no cache its megaflows.
+class Dataplane::Commit {
+ public:
+  Commit(Dataplane& dp, const Config& cur) : next(std::make_unique<Config>(cur)), dp_(dp) {
+    next->version = cur.version + 1;
+    next->changes = nullptr;
+  }
+  uint64_t version() const { return next->version; }
+
+  PortTable& ports() {
+    if (!ports_) {
+      ports_ = std::make_shared<PortTable>(*next->ports);
+      next->ports = ports_;
+    }
+    return *ports_;
+  }
+  GroupMap& groups() {
+    if (!groups_) {
+      groups_ = std::make_shared<GroupMap>(*next->groups);
+      next->groups = groups_;
+    }
+    return *groups_;
+  }
+
+  void add_rule(const RulePtr& r) {
+    r->add_version = version();
+    dp_.tables_[r->table].insert(r, dp_.rcu_);
+    dp_.table_rules_[r->table]++;
+    touched_[r->table] = true;
+    added_.push_back(r);
+  }
+  // `replacing`: deleted by a REPLACE_FLOWS, so that an ADD_FLOW later in
+  // the transaction may keep it (revive()).
+  void remove_rule(const RulePtr& r, bool replacing = false) {
+    dp_.table_rules_[r->table]--;
+    touched_[r->table] = true;
+    if (r->add_version == version()) {  // added by this transaction: never seen by anyone
+      dp_.tables_[r->table].remove(r.get(), dp_.rcu_);
+      added_.erase(std::find(added_.begin(), added_.end(), r));
+      return;
+    }
+    r->remove_version.store(version(), std::memory_order_relaxed);
+    removed_.push_back(r);
+    if (replacing) replaced_.push_back(r);
+  }
+  // A rule a REPLACE_FLOWS of this transaction deleted that `f` adds again
+  // unchanged (same table, match, priority, cookie and actions): it stays.
+  RulePtr revive(const FlowSpec& f, const std::string& actions_text) {
+    for (auto it = replaced_.begin(); it != replaced_.end(); ++it) {
+      const RulePtr& r = *it;
+      if (r->table != f.table || r->priority != f.priority || r->cookie != f.cookie || !match_equal(r->match, f.match) ||
+          r->remove_version.load(std::memory_order_relaxed) != version())
+        continue;
+      if (format_actions(r->actions, nullptr) != actions_text) continue;
+      RulePtr keep = r;
+      keep->remove_version.store(kVersionNever, std::memory_order_relaxed);
+      dp_.table_rules_[keep->table]++;
+      removed_.erase(std::find(removed_.begin(), removed_.end(), keep));
+      replaced_.erase(it);
+      return keep;
+    }
+    return nullptr;
+  }
+
+  // Publishes the version (Dataplane::publish) and schedules the deleted
+  // rules' removal from their tables.
+  void publish() {
+    for (int t = 0; t < kNumTables; t++)
+      if (touched_[t]) dp_.tables_[t].publish(dp_.rcu_);
+    for (const RulePtr& r : removed_) changes.rules.push_back(RuleChange{r, false});
+    for (const RulePtr& r : added_) changes.rules.push_back(RuleChange{r, true});
+    const uint64_t v = version();
+    std::vector<RulePtr> gone = std::move(removed_);
+    dp_.publish(std::move(next), std::move(changes));
+    if (gone.empty()) return;
+    Dataplane* dp = &dp_;
+    dp_.rcu_.defer([dp, gone, v] {
+      for (const RulePtr& r : gone) {
+        if (r->remove_version.load(std::memory_order_relaxed) != v) continue;
+        dp->tables_[r->table].remove(r.get(), dp->rcu_);
+        dp->tables_[r->table].publish(dp->rcu_);
+      }
+    });
+  }
+
+  ChangeSet changes;
+  std::unique_ptr<Config> next;
+
+ private:
+  Dataplane& dp_;
+  std::shared_ptr<PortTable> ports_;
+  std::shared_ptr<GroupMap> groups_;
+  std::vector<RulePtr> added_, removed_, replaced_;
+  bool touched_[kNumTables] = {};
+};
+
+// Keeps the changes of the last kMaxChain versions (and at most kMaxWeight
+// rule changes): a worker further behind flushes its caches instead.
+static constexpr uint32_t kMaxChain = 4096;
+static constexpr size_t kMaxWeight = 65536;
+
+void Dataplane::publish(std::unique_ptr<Config> next, ChangeSet&& changes) {
+  const Config* cur = config_.load(std::memory_order_relaxed);
+  auto node = std::make_shared<ChangeNode>();
+  node->version = next->version;
+  node->set = std::move(changes);
+  node->weight = node->set.rules.size();
+  if (cur->changes && cur->changes->depth + 1 < kMaxChain &&
+      cur->changes->weight + node->weight <= kMaxWeight) {
+    node->prev = cur->changes;
+    node->depth = cur->changes->depth + 1;
+    node->weight += cur->changes->weight;
+  }
+  next->changes = std::move(node);
+  config_.store(next.release(), std::memory_order_release);
+  rcu_.retire(cur);
+  rcu_.reclaim();
+}
+
+void Dataplane::commit_ports(const Txn& txn, const TxnPorts& tp, const std::vector<PortInfo>& new_ports, Commit& c,
                              TxnResult* res) {
-  for (const std::string& n : txn.del_ports) ports_.remove(ports_.port_number(n));
-  for (const PortInfo& pi : new_ports) ports_.add(pi);
+  if (txn.del_ports.empty() && new_ports.empty() && tp.created_.empty()) return;
+  PortTable& ports = c.ports();
+  for (const std::string& n : txn.del_ports) ports.remove(ports.port_number(n));
+  for (const PortInfo& pi : new_ports) ports.add(pi);
   for (const std::string& n : tp.created_) {
     PortInfo pi;
     pi.ofport = tp.added_.at(n);
     pi.name = n;
-    ports_.add(pi);
+    ports.add(pi);
   }
-  rebuild_terms();
+  // The VTEPs the datapath terminates, in port order (the order
+  // find_tunnel_term tries them).
+  auto terms = std::make_shared<std::vector<TunnelTerm>>();
+  for (const PortInfo* p : ports.all()) {
+    if (!p->tunnel) continue;
+    TunnelTerm t;
+    t.underlay = p->tnl.underlay;
+    t.port = p->ofport;
+    t.cfg = p->tnl;
+    t.pop.ipv6 = p->tnl.ipv6;
+    t.pop.strict = p->tnl.strict;
+    terms->push_back(t);
+  }
+  c.next->terms = std::move(terms);
+  c.changes.flush = true;  // output to flood/all and to numbers, tunnel terminations: every megaflow may differ
   res->ports_added = tp.created_;
   for (const PortInfo& pi : new_ports) res->ports_added.push_back(pi.name);
 }
 
-// A flow_mod that modifies a rule replaces it with a copy that keeps its
-// place (seq), creation time and counters.
-void Dataplane::replace_rule(const RulePtr& old, std::vector<OfAction> acts, const uint64_t* cookie) {
-  auto r = std::make_shared<Rule>();
-  r->table = old->table;
-  r->priority = old->priority;
-  r->cookie = cookie ? *cookie : old->cookie;
-  r->match = old->match;
-  r->actions = std::move(acts);
-  r->seq = old->seq;
-  r->created_ns = old->created_ns;
-  r->n_packets = old->n_packets.load();
-  r->n_bytes = old->n_bytes.load();
-  tables_[old->table].remove(old.get());
-  tables_[r->table].insert(r);
-}
-
-void Dataplane::commit_add_flow(FlowSpec& f, int64_t now, TxnResult* res) {
+static std::shared_ptr<Rule> make_rule(const FlowSpec& f, int64_t now) {
   auto r = std::make_shared<Rule>();
   r->table = f.table;
   r->priority = f.priority;
   r->cookie = f.cookie;
   r->match = f.match;
-  r->actions = std::move(f.actions);
+  r->actions = f.actions;
   r->created_ns = now;
-  RulePtr old = tables_[r->table].find_exact(r->match, r->priority);
+  return r;
+}
+
+// A flow_mod that modifies a rule replaces it with a copy that keeps its
+// place (seq), creation time and counters.
+void Dataplane::replace_rule(Commit& c, const RulePtr& old, std::vector<OfAction> acts, const uint64_t* cookie) {
+  const uint64_t new_cookie = cookie ? *cookie : old->cookie;
+  if (new_cookie == old->cookie && format_actions(acts, nullptr) == format_actions(old->actions, nullptr)) return;
+  auto r = std::make_shared<Rule>();
+  r->table = old->table;
+  r->priority = old->priority;
+  r->cookie = new_cookie;
+  r->match = old->match;
+  r->actions = std::move(acts);
+  r->seq = old->seq;
+  r->created_ns = old->created_ns;
+  r->counts = old->counts;
+  c.remove_rule(old);
+  c.add_rule(r);
+}
+
+void Dataplane::commit_add_flow(Commit& c, FlowSpec& f, int64_t now, TxnResult* res) {
+  res->flows_added++;
+  const std::string text = format_actions(f.actions, nullptr);
+  RulePtr old = tables_[f.table].find_exact(f.match, f.priority, c.version());
+  if (old && old->cookie == f.cookie && format_actions(old->actions, nullptr) == text) {
+    old->created_ns = now;  // the same flow again: only its age starts over
+    return;
+  }
+  if (!old && c.revive(f, text)) return;  // replaced by this transaction with itself: kept as it was
+  RulePtr r = make_rule(f, now);
   if (old) {  // same match and priority: replaces it, keeping its place and counters
     r->seq = old->seq;
-    r->n_packets = old->n_packets.load();
-    r->n_bytes = old->n_bytes.load();
-    tables_[r->table].remove(old.get());
+    r->counts = old->counts;
+    c.remove_rule(old);
   } else {
     r->seq = next_seq_++;
   }
-  tables_[r->table].insert(r);
-  res->flows_added++;
+  c.add_rule(r);
 }
 
-void Dataplane::commit_del_groups(const ParsedOp& p, TxnResult* res) {
+void Dataplane::commit_del_groups(Commit& c, const ParsedOp& p, TxnResult* res) {
+  GroupMap& groups = c.groups();
   std::vector<uint32_t> ids;
   if (p.all_groups) {
-    for (auto& kv : groups_) ids.push_back(kv.first);
-  } else if (groups_.count(p.group->group_id)) {
+    for (auto& kv : groups) ids.push_back(kv.first);
+  } else if (groups.count(p.group->group_id)) {
     ids.push_back(p.group->group_id);
   }
   for (uint32_t id : ids) {
-    groups_.erase(id);
+    groups.erase(id);
+    c.changes.groups.push_back(id);
     std::vector<RulePtr> users;  // OpenFlow: deleting a group deletes the flows using it
     for (int t = 0; t < kNumTables; t++)
-      tables_[t].for_each([&](const RulePtr& r) {
+      tables_[t].for_each(c.version(), [&](const RulePtr& r) {
         if (rule_uses_group(*r, id)) users.push_back(r);
       });
-    for (const RulePtr& r : users) tables_[r->table].remove(r.get());
+    for (const RulePtr& r : users) c.remove_rule(r);
     res->flows_deleted += users.size();
   }
   res->groups_deleted += ids.size();
 }
 
-void Dataplane::commit_ops(const Txn& txn, std::vector<ParsedOp>& parsed, TxnResult* res) {
+void Dataplane::commit_ops(const Txn& txn, std::vector<ParsedOp>& parsed, Commit& c, TxnResult* res) {
   const int64_t now = now_ns();
   for (size_t i = 0; i < txn.ops.size(); i++) {
     ParsedOp& p = parsed[i];
     switch (txn.ops[i].kind) {
       case TxnOp::ADD_FLOW:
-        commit_add_flow(p.flow, now, res);
+        commit_add_flow(c, p.flow, now, res);
         break;
       case TxnOp::MOD_FLOWS:
       case TxnOp::MOD_FLOWS_STRICT: {
         std::vector<RulePtr> hit;
-        collect(p.flow, txn.ops[i].kind == TxnOp::MOD_FLOWS_STRICT, true, &hit);
-        for (const RulePtr& r : hit) replace_rule(r, p.flow.actions, p.flow.set_cookie ? &p.flow.new_cookie : nullptr);
+        collect(p.flow, txn.ops[i].kind == TxnOp::MOD_FLOWS_STRICT, c.version(), &hit);
+        for (const RulePtr& r : hit)
+          replace_rule(c, r, p.flow.actions, p.flow.set_cookie ? &p.flow.new_cookie : nullptr);
         res->flows_modified += hit.size();
         break;
       }
       case TxnOp::DEL_FLOWS:
-      case TxnOp::DEL_FLOWS_STRICT: {
+      case TxnOp::DEL_FLOWS_STRICT:
+      case TxnOp::REPLACE_FLOWS: {
         std::vector<RulePtr> hit;
-        collect(p.flow, txn.ops[i].kind == TxnOp::DEL_FLOWS_STRICT, true, &hit);
-        for (const RulePtr& r : hit) tables_[r->table].remove(r.get());
+        collect(p.flow, txn.ops[i].kind == TxnOp::DEL_FLOWS_STRICT, c.version(), &hit);
+        for (const RulePtr& r : hit) c.remove_rule(r, txn.ops[i].kind == TxnOp::REPLACE_FLOWS);
         res->flows_deleted += hit.size();
         break;
       }
       case TxnOp::ADD_GROUP:
-        groups_[p.group->group_id] = p.group;
+        c.groups()[p.group->group_id] = p.group;
         res->groups_added++;
         break;
       case TxnOp::MOD_GROUP: {
-        GroupPtr& g = groups_[p.group->group_id];
-        p.group->n_packets = g->n_packets.load();
-        p.group->n_bytes = g->n_bytes.load();
+        GroupPtr& g = c.groups()[p.group->group_id];
+        p.group->counts = g->counts;
         g = p.group;
+        c.changes.groups.push_back(p.group->group_id);
         res->groups_modified++;
         break;
       }
       case TxnOp::DEL_GROUPS:
-        commit_del_groups(p, res);
+        commit_del_groups(c, p, res);
         break;
     }
   }
 }
 
 // A tenant name keeps its counter slot across reloads.
-void Dataplane::commit_tenants(const std::vector<TenantSpec>& tenants) {
-  tenant_index_.clear();
+void Dataplane::commit_tenants(Commit& c, const std::vector<TenantSpec>& tenants) {
+  auto map = std::make_shared<TenantMap>();
   for (TenantSlot& ts : tenant_slots_) ts.active = false;
   for (const TenantSpec& t : tenants) {
     size_t slot = 0;
@@ -461,53 +638,51 @@ void Dataplane::commit_tenants(const std::vector<TenantSpec>& tenants) {
     if (slot == tenant_slots_.size()) tenant_slots_.push_back(TenantSlot{t.name, 0, false});
     tenant_slots_[slot].metadata = t.metadata;
     tenant_slots_[slot].active = true;
-    tenant_index_[t.metadata] = static_cast<uint16_t>(slot + 1);
+    (*map)[t.metadata] = static_cast<uint16_t>(slot + 1);
   }
+  c.next->n_tenant_slots = tenant_slots_.size();
+  if (*map == *c.next->tenants) return;  // a reload with the same tenants changes nothing
+  c.next->tenants = std::move(map);
+  c.changes.flush = true;  // a megaflow's tenant (its counters) may differ
 }
 
 Status Dataplane::apply(const Txn& txn, TxnResult* res) {
-  std::lock_guard<std::mutex> commit_guard(commit_mu_);
+  std::lock_guard<std::mutex> guard(mu_);
   *res = TxnResult();
+  const Config& cur = *config_.load(std::memory_order_relaxed);
   // Validate: nothing here changes any state.
-  TxnPorts tp(ports_);
+  TxnPorts tp(*cur.ports);
   std::vector<PortInfo> new_ports;
-  Status st = validate_ports(txn, &tp, &new_ports);
+  Status st = validate_ports(txn, cur, &tp, &new_ports);
   if (!st.ok()) return st;
   tp.create_ = txn.create_ports;
   std::vector<ParsedOp> parsed;
-  st = validate_ops(txn, tp, &parsed);
+  st = validate_ops(txn, cur, tp, &parsed);
   if (!st.ok()) return st;
   st = validate_tenants(txn);
   if (!st.ok()) return st;
 
-  // Commit, with no batch in flight: every worker's mutex, then the table lock.
-  std::vector<std::unique_lock<std::mutex>> held;
-  for (auto& w : workers_) {
-    held.emplace_back(w->mu);
-    w->push_stats();  // counts so far go to the rules as they are now
-  }
-  std::unique_lock<std::shared_mutex> wl(lock_);
-  commit_ports(txn, tp, new_ports, res);
-  commit_ops(txn, parsed, res);
-  if (txn.set_tenants) commit_tenants(txn.tenants);
+  // Commit: the next version, built beside the current one and published
+  // at once. No worker is waited for.
+  Commit c(*this, cur);
+  commit_ports(txn, tp, new_ports, c, res);
+  commit_ops(txn, parsed, c, res);
+  if (txn.set_tenants) commit_tenants(c, txn.tenants);
   if (txn.set_ct_zones) ct_.set_zones(txn.ct_zones);
   if (txn.set_nat_static) ct_.nat().set_static(txn.nat_static);
-  recirc_.clear();  // every cache is flushed before the next batch: old ids are unused
-  res->version = version_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  res->version = c.version();
+  c.publish();
   return Status::Ok();
 }
 
 void Dataplane::set_frag_nx_match(bool on) {
-  std::lock_guard<std::mutex> commit_guard(commit_mu_);
-  std::vector<std::unique_lock<std::mutex>> held;
-  for (auto& w : workers_) {
-    held.emplace_back(w->mu);
-    w->push_stats();
-  }
-  std::unique_lock<std::shared_mutex> wl(lock_);
-  frag_nx_match_.store(on, std::memory_order_relaxed);
-  recirc_.clear();
-  version_.fetch_add(1, std::memory_order_acq_rel);  // every cache is flushed before the next batch
+  std::lock_guard<std::mutex> guard(mu_);
+  const Config& cur = *config_.load(std::memory_order_relaxed);
+  if (cur.frag_nx_match == on) return;
+  Commit c(*this, cur);
+  c.next->frag_nx_match = on;
+  c.changes.flush = true;  // every lookup of a fragment may differ
+  c.publish();
 }
 
 void Dataplane::sync_stats() {
@@ -520,14 +695,15 @@ void Dataplane::sync_stats() {
 Status Dataplane::dump_flows(const std::string& selector, bool strict, std::vector<FlowDump>* out) {
   FlowSpec spec;
   {
-    std::shared_lock<std::shared_mutex> rl(lock_);
-    Status st = parse_flow(selector, FlowCmd::MATCH_ONLY, &ports_, &spec);
+    std::lock_guard<std::mutex> g(mu_);
+    Status st = parse_flow(selector, FlowCmd::MATCH_ONLY, config_.load(std::memory_order_relaxed)->ports.get(), &spec);
     if (!st.ok()) return st;
   }
   sync_stats();
-  std::shared_lock<std::shared_mutex> rl(lock_);
+  std::lock_guard<std::mutex> g(mu_);
+  const Config& cur = *config_.load(std::memory_order_relaxed);
   std::vector<RulePtr> rules;
-  collect(spec, strict, true, &rules);
+  collect(spec, strict, cur.version, &rules);
   std::sort(rules.begin(), rules.end(), [](const RulePtr& a, const RulePtr& b) {
     if (a->table != b->table) return a->table < b->table;
     if (a->priority != b->priority) return a->priority > b->priority;
@@ -539,11 +715,11 @@ Status Dataplane::dump_flows(const std::string& selector, bool strict, std::vect
     d.table = r->table;
     d.priority = r->priority;
     d.cookie = r->cookie;
-    d.n_packets = r->n_packets.load();
-    d.n_bytes = r->n_bytes.load();
+    d.n_packets = r->counts->n_packets.load();
+    d.n_bytes = r->counts->n_bytes.load();
     d.duration = static_cast<double>(now - r->created_ns) / 1e9;
-    d.match = format_match(r->match, r->priority, true, &ports_);
-    d.actions = format_actions(r->actions, &ports_);
+    d.match = format_match(r->match, r->priority, true, cur.ports.get());
+    d.actions = format_actions(r->actions, cur.ports.get());
     out->push_back(std::move(d));
   }
   return Status::Ok();
@@ -551,19 +727,22 @@ Status Dataplane::dump_flows(const std::string& selector, bool strict, std::vect
 
 std::vector<GroupDump> Dataplane::dump_groups() {
   sync_stats();
-  std::shared_lock<std::shared_mutex> rl(lock_);
+  std::lock_guard<std::mutex> g(mu_);
+  const Config& cur = *config_.load(std::memory_order_relaxed);
   std::vector<GroupDump> out;
-  for (const auto& kv : groups_) out.push_back({kv.first, format_group(*kv.second, &ports_), kv.second->n_packets.load(), kv.second->n_bytes.load()});
+  for (const auto& kv : *cur.groups)
+    out.push_back({kv.first, format_group(*kv.second, cur.ports.get()), kv.second->counts->n_packets.load(),
+                   kv.second->counts->n_bytes.load()});
   std::sort(out.begin(), out.end(), [](const GroupDump& a, const GroupDump& b) { return a.group_id < b.group_id; });
   return out;
 }
 
 void Dataplane::table_counters(std::vector<std::array<uint64_t, 3>>* out, bool sync) {
   if (sync) sync_stats();
-  std::shared_lock<std::shared_mutex> rl(lock_);
+  std::lock_guard<std::mutex> g(mu_);
   out->clear();
   for (int t = 0; t < kNumTables; t++)
-    out->push_back({table_stats_[t].lookups.load(), table_stats_[t].matches.load(), tables_[t].size()});
+    out->push_back({table_stats_[t].lookups.load(), table_stats_[t].matches.load(), table_rules_[t]});
 }
 
 Totals Dataplane::totals() {
@@ -571,17 +750,19 @@ Totals Dataplane::totals() {
   std::vector<PortInfo> ps = ports();
   size_t n_tenants;
   {
-    std::shared_lock<std::shared_mutex> rl(lock_);
+    std::lock_guard<std::mutex> g(mu_);
     n_tenants = tenant_slots_.size();
   }
   tot.tenants.resize(n_tenants + 1);
   for (const PortInfo& p : ps) tot.ports.push_back({p.ofport, PortCounters()});
-  for (auto& w : workers_) {  // no lock: a scrape never waits for a batch
+  for (auto& w : workers_) {  // no lock: a scrape never waits for a batch; each counter read relaxed
     for (auto& pc : tot.ports)
       if (pc.first < w->ports.size()) pc.second.add(w->ports[pc.first]);
     for (size_t t = 0; t < tot.tenants.size() && t < w->tenants.size(); t++) tot.tenants[t].add(w->tenants[t]);
     tot.workers_total.add(w->counters);
-    tot.workers.push_back(w->counters);
+    WorkerCounters mine;
+    mine.add(w->counters);
+    tot.workers.push_back(mine);
     tot.worker_megaflows.push_back(w->megaflow_count());
     tot.megaflows += w->megaflow_count();
   }
@@ -589,14 +770,14 @@ Totals Dataplane::totals() {
 }
 
 std::vector<PortInfo> Dataplane::ports() {
-  std::shared_lock<std::shared_mutex> rl(lock_);
+  std::lock_guard<std::mutex> g(mu_);
   std::vector<PortInfo> v;
-  for (const PortInfo* p : ports_.all()) v.push_back(*p);
+  for (const PortInfo* p : config_.load(std::memory_order_relaxed)->ports->all()) v.push_back(*p);
   return v;
 }
 
 std::vector<Dataplane::TenantInfo> Dataplane::tenants() {
-  std::shared_lock<std::shared_mutex> rl(lock_);
+  std::lock_guard<std::mutex> g(mu_);
   std::vector<TenantInfo> v;
   for (size_t i = 0; i < tenant_slots_.size(); i++)
     if (tenant_slots_[i].active)
@@ -605,25 +786,25 @@ std::vector<Dataplane::TenantInfo> Dataplane::tenants() {
 }
 
 uint32_t Dataplane::port_number(const std::string& name) {
-  std::shared_lock<std::shared_mutex> rl(lock_);
-  return ports_.port_number(name);
+  std::lock_guard<std::mutex> g(mu_);
+  return config_.load(std::memory_order_relaxed)->ports->port_number(name);
 }
 
 std::string Dataplane::port_name(uint32_t p) {
-  std::shared_lock<std::shared_mutex> rl(lock_);
-  return ports_.port_name(p);
+  std::lock_guard<std::mutex> g(mu_);
+  return config_.load(std::memory_order_relaxed)->ports->port_name(p);
 }
 
-void Dataplane::upcall(const Flow& key, XlateOut* out, std::vector<TraceEvent>* trace) {
-  std::shared_lock<std::shared_mutex> rl(lock_);
+void Dataplane::upcall(const Config& c, const Flow& key, XlateOut* out, std::vector<TraceEvent>* trace) {
   XlateEnv env;
   env.tables = tables_;
-  env.groups = &groups_;
-  env.ports = &ports_;
-  env.terms = &terms_;
-  env.tenants = &tenant_index_;
+  env.version = c.version;
+  env.groups = c.groups.get();
+  env.ports = c.ports.get();
+  env.terms = c.terms.get();
+  env.tenants = c.tenants.get();
   env.recirc = &recirc_;
-  env.frag_nx_match = frag_nx_match_.load(std::memory_order_relaxed);
+  env.frag_nx_match = c.frag_nx_match;
   xlate(env, key, out, trace);
 }
 
@@ -631,51 +812,21 @@ void Dataplane::credit(const std::vector<XcacheEntry>& xc, uint64_t packets, uin
   for (const XcacheEntry& e : xc) {
     switch (e.kind) {
       case XcacheEntry::RULE:
-        e.rule->n_packets.fetch_add(packets, std::memory_order_relaxed);
-        e.rule->n_bytes.fetch_add(bytes, std::memory_order_relaxed);
+        e.rule->counts->add(packets, bytes);
         break;
       case XcacheEntry::TABLE:
         table_stats_[e.table].lookups.fetch_add(packets, std::memory_order_relaxed);
         if (e.matched) table_stats_[e.table].matches.fetch_add(packets, std::memory_order_relaxed);
         break;
       case XcacheEntry::GROUP:
-        e.group->n_packets.fetch_add(packets, std::memory_order_relaxed);
-        e.group->n_bytes.fetch_add(bytes, std::memory_order_relaxed);
+        e.group->counts->add(packets, bytes);
         break;
     }
   }
 }
 
-void Dataplane::port_flags(std::vector<uint8_t>* is_tunnel, size_t* n_tenants) {
-  std::shared_lock<std::shared_mutex> rl(lock_);
-  is_tunnel->assign(std::max<uint32_t>(ports_.max_port(), 1), 0);
-  for (const PortInfo* p : ports_.all()) (*is_tunnel)[p->ofport] = p->tunnel;
-  *n_tenants = tenant_slots_.size();
-}
-
-void Dataplane::tunnel_terms(std::vector<TunnelTerm>* out) {
-  std::shared_lock<std::shared_mutex> rl(lock_);
-  *out = terms_;
-}
-
-// The VTEPs the datapath terminates, in port order (the order find_tunnel_term
-// tries them), rebuilt whenever the ports change (caller holds the lock).
-void Dataplane::rebuild_terms() {
-  terms_.clear();
-  for (const PortInfo* p : ports_.all()) {
-    if (!p->tunnel) continue;
-    TunnelTerm t;
-    t.underlay = p->tnl.underlay;
-    t.port = p->ofport;
-    t.cfg = p->tnl;
-    t.pop.ipv6 = p->tnl.ipv6;
-    t.pop.strict = p->tnl.strict;
-    terms_.push_back(t);
-  }
-}
-
 // "Flow:" text: every field that exists for this kind of packet.
-std::string Dataplane::flow_text(const Flow& f, bool with_pipeline) const {
+std::string Dataplane::flow_text(const Flow& f, bool with_pipeline, const PortNames* ports) const {
   Match m;
   Flow& k = m.mask;
   k.in_port = 0xffffffffu;
@@ -724,7 +875,7 @@ std::string Dataplane::flow_text(const Flow& f, bool with_pipeline) const {
       if (f.regs[i]) k.regs[i] = 0xffffffffu;
   }
   flow_and(m.value, f, m.mask);
-  return format_match(m, 0, false, &ports_);
+  return format_match(m, 0, false, ports);
 }
 
 // "tcp 10.0.1.11:40000 > 198.51.100.1:80" (ICMP: "icmp 10.0.1.11 > 8.8.8.8 id 7 type 8").
@@ -764,33 +915,35 @@ static std::string ct_result_text(const CtSpec& spec, const CtResult& r) {
 // every pass, records each walk and each conntrack result, changes no
 // connection (dry run) and credits no rule; what that worker emits is what
 // the datapath would emit.
+// A trace is the packet through a private worker that walks the tables on
+// every pass, records each walk and each conntrack result, changes no
+// connection (dry run) and credits no rule; what that worker emits is what
+// the datapath would emit. The control mutex is held throughout: the trace
+// sees one version, whose ports name what it shows.
 Status Dataplane::trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceResult* out) {
-  {
-    std::shared_lock<std::shared_mutex> rl(lock_);
-    const PortInfo* pi = ports_.get(in_port);
-    if (!pi) return Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(in_port));
-  }
+  std::lock_guard<std::mutex> guard(mu_);
+  const Config& cur = *config_.load(std::memory_order_relaxed);
+  if (!cur.ports->get(in_port)) return Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(in_port));
   if (len > Packet::max_capacity())
     return Status::Error(Err::INVALID, "packet of " + std::to_string(len) + " bytes exceeds the " +
                                            std::to_string(Packet::max_capacity()) + "-byte maximum frame");
   class Recorder : public TraceRecorder, public PortSink {
    public:
-    Recorder(Dataplane* dp, TraceResult* o) : dp_(dp), o_(o) {}
+    Recorder(const Dataplane* dp, const PortTable* ports, TraceResult* o) : dp_(dp), ports_(ports), o_(o) {}
     void walk(const Flow& key, const XlateOut& xo, std::vector<TraceEvent>&& events) override {
       TracePass tp;
       tp.in_port = key.in_port;
       tp.recirc_id = key.recirc_id;
       tp.events = std::move(events);
-      tp.actions = format_dp_actions(xo.actions, &dp_->ports_);
+      tp.actions = format_dp_actions(xo.actions, ports_);
       tp.drop_reason = xo.drop_reason;
-      std::shared_lock<std::shared_mutex> rl(dp_->lock_);
-      tp.flow = dp_->flow_text(key, false);
-      tp.final_flow = dp_->flow_text(xo.final_flow, true);
+      tp.flow = dp_->flow_text(key, false, ports_);
+      tp.final_flow = dp_->flow_text(xo.final_flow, true, ports_);
       Match mf;
       mf.mask = xo.wc;
       std::memset(reinterpret_cast<uint8_t*>(&mf.mask) + kKeyBytes, 0, sizeof(Flow) - kKeyBytes);
       flow_and(mf.value, key, mf.mask);
-      tp.megaflow = format_match(mf, 0, false, &dp_->ports_);
+      tp.megaflow = format_match(mf, 0, false, ports_);
       o_->passes.push_back(std::move(tp));
     }
     void conntrack(const CtSpec& spec, const CtResult& r) override {
@@ -803,9 +956,10 @@ Status Dataplane::trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceR
     }
 
    private:
-    Dataplane* dp_;
+    const Dataplane* dp_;
+    const PortTable* ports_;
     TraceResult* o_;
-  } rec(this, out);
+  } rec(this, cur.ports.get(), out);
   Worker w(this, 256);
   w.set_trace(&rec);
   w.set_sink(&rec);

@@ -3,21 +3,26 @@
 // Holds the ports, the 255 OpenFlow tables, the groups, the tenant map
 // (metadata value -> tenant, for per-tenant counters) and the workers.
 //
-// Control (any thread, one commit at a time):
+// Control (any thread, one at a time: the control mutex mu_):
 //   apply(Txn)   the single validate-then-commit entry point for ports, flows,
-//                groups and tenants. Everything in a Txn is parsed and checked
-//                first; only then, holding every worker's mutex (so no batch is
-//                in flight) and the exclusive table lock, is it applied, and the
-//                table version bumped. Workers see the new version at their next
-//                batch and flush their caches: a change is visible to the very
-//                next batch, and no packet sees half of it.
-//   dump_flows / dump_groups / stats / trace   readers (shared lock).
-// Fast path (workers): upcall() runs xlate under the shared lock; credit()
-// adds megaflow counts to rules, tables and groups (atomics).
+//                groups, tenants, conntrack zones and NAT port forwards.
+//                Everything in a Txn is parsed and checked first; then its
+//                rules go into the tables with the next version (invisible to
+//                every reader until that version is published), the rest into
+//                a new Config (datapath_view.h), and one atomic store publishes
+//                both with the list of what changed. No worker is stopped or
+//                waited for: a worker takes the version current at the start of
+//                its batch, so a change is in force for every batch that starts
+//                after apply() returns and no packet sees half of it, and each
+//                worker then drops only the cached megaflows the change can
+//                affect (dpcls.h, "Revalidation").
+//   dump_flows / dump_groups / stats / trace   readers (the control mutex).
+// Fast path (workers, DatapathView): config() inside the read section (rcu.h),
+// upcall() at that config's version, credit() (atomics). Workers never take
+// the control mutex.
 //
-// Lock order: worker mutexes (ascending) -> table lock. Readers that need
-// fresh rule counters first push worker stats (worker mutexes only), then take
-// the shared table lock, never both at once.
+// Lock order: the control mutex, then a worker's mutex (sync_stats); a worker
+// holding its own mutex takes no other.
 #pragma once
 
 #include <array>
@@ -31,9 +36,11 @@
 
 #include "classifier.h"
 #include "conntrack/conntrack.h"
+#include "datapath_view.h"
 #include "dpu/ofparse.h"
 #include "dpu/status.h"
 #include "ports.h"
+#include "rcu.h"
 #include "recirc.h"
 #include "worker.h"
 #include "xlate.h"
@@ -54,8 +61,13 @@ struct TenantSpec {
 };
 
 struct TxnOp {
+  // REPLACE_FLOWS: the flows the selector (a del_flows match) selects are
+  // deleted, except those that an ADD_FLOW later in the transaction adds
+  // again unchanged (same table, match, priority, cookie and actions): those
+  // stay as they are, counters, age and cached megaflows included, as
+  // ovs-ofctl replace-flows sends only the differences. A topology reload.
   enum Kind : uint8_t {
-    ADD_FLOW, MOD_FLOWS, MOD_FLOWS_STRICT, DEL_FLOWS, DEL_FLOWS_STRICT, ADD_GROUP, MOD_GROUP, DEL_GROUPS
+    ADD_FLOW, MOD_FLOWS, MOD_FLOWS_STRICT, DEL_FLOWS, DEL_FLOWS_STRICT, ADD_GROUP, MOD_GROUP, DEL_GROUPS, REPLACE_FLOWS
   } kind = ADD_FLOW;
   std::string text;
 };
@@ -122,10 +134,10 @@ struct Totals {
   uint64_t megaflows = 0;
 };
 
-class Dataplane {
+class Dataplane : public DatapathView {
  public:
   explicit Dataplane(size_t n_workers = 1);
-  ~Dataplane();
+  ~Dataplane() override;
 
   Status apply(const Txn& txn, TxnResult* res);
 
@@ -154,25 +166,26 @@ class Dataplane {
   size_t n_workers() const { return workers_.size(); }
   void sync_stats();  // push every worker's megaflow counts to the rules
 
-  // Fast path hooks.
-  uint64_t version() const { return version_.load(std::memory_order_acquire); }
-  void upcall(const Flow& key, XlateOut* out, std::vector<TraceEvent>* trace);
-  void credit(const std::vector<XcacheEntry>& xc, uint64_t packets, uint64_t bytes);
-  void port_flags(std::vector<uint8_t>* is_tunnel, size_t* n_tenants);
-  void tunnel_terms(std::vector<TunnelTerm>* out);
+  // The version published last (each apply() that changes anything makes one).
+  uint64_t version() const;
 
-  // Connection tracking (shared by the workers).
-  Conntrack& conntrack() { return ct_; }
+  // DatapathView: what the workers see.
+  const Config* config() const override { return config_.load(std::memory_order_acquire); }
+  Rcu& rcu() override { return rcu_; }
+  void upcall(const Config& c, const Flow& key, XlateOut* out, std::vector<TraceEvent>* trace) override;
+  void credit(const std::vector<XcacheEntry>& xc, uint64_t packets, uint64_t bytes) override;
+  Conntrack& conntrack() override { return ct_; }
+  // Time (injectable, as OVS's time/warp): monotonic ns plus a test offset.
+  int64_t now_ns() const override;
+
   RecircTable& recirc() { return recirc_; }
 
   // ovs-ofctl set-frags: "normal" (the default, as OVS: an IP fragment's L4
   // ports read as 0 in table lookups) or "nx-match" (a first fragment's ports
-  // are matched). A change flushes every cache, as a commit does.
+  // are matched). A change flushes every cache, as a change of ports does.
   void set_frag_nx_match(bool on);
-  bool frag_nx_match() const { return frag_nx_match_.load(std::memory_order_relaxed); }
+  bool frag_nx_match() const;
 
-  // Time (injectable, as OVS's time/warp): monotonic ns plus a test offset.
-  int64_t now_ns() const;
   void warp(int64_t ns) { warp_ns_ += ns; }
   // Stops the clock where it stands (OVS's time/stop): it then moves only
   // with warp() and, for conntrack, with packet timestamps. Tests that
@@ -182,37 +195,37 @@ class Dataplane {
  private:
   class TxnPorts;
   class GroupGraph;
+  class Commit;
   struct ParsedOp {
     FlowSpec flow;
     GroupPtr group;
     bool all_groups = false;
   };
-  // apply(): the validate steps change nothing; the commit steps run with
-  // every worker stopped between batches and the table lock held.
-  Status validate_ports(const Txn& txn, TxnPorts* tp, std::vector<PortInfo>* add);
-  Status validate_ops(const Txn& txn, const TxnPorts& tp, std::vector<ParsedOp>* parsed) const;
+  // apply(): the validate steps change nothing; the commit steps (Commit)
+  // build the next version.
+  Status validate_ports(const Txn& txn, const Config& cur, TxnPorts* tp, std::vector<PortInfo>* add);
+  Status validate_ops(const Txn& txn, const Config& cur, const TxnPorts& tp, std::vector<ParsedOp>* parsed) const;
   Status validate_flow_op(const TxnOp& op, const TxnPorts& tp, const GroupGraph& gg, int line, ParsedOp* p) const;
   Status validate_group_op(const TxnOp& op, const TxnPorts& tp, GroupGraph* gg, int line, ParsedOp* p) const;
   Status validate_tenants(const Txn& txn) const;
-  void commit_ports(const Txn& txn, const TxnPorts& tp, const std::vector<PortInfo>& new_ports, TxnResult* res);
-  void commit_ops(const Txn& txn, std::vector<ParsedOp>& parsed, TxnResult* res);
-  void commit_add_flow(FlowSpec& f, int64_t now, TxnResult* res);
-  void commit_del_groups(const ParsedOp& p, TxnResult* res);
-  void commit_tenants(const std::vector<TenantSpec>& tenants);
-  void replace_rule(const RulePtr& old, std::vector<OfAction> acts, const uint64_t* cookie = nullptr);
-  void collect(const FlowSpec& spec, bool strict, bool any_table, std::vector<RulePtr>* out) const;
-  std::string flow_text(const Flow& f, bool with_pipeline) const;
-  void rebuild_terms();
+  void commit_ports(const Txn& txn, const TxnPorts& tp, const std::vector<PortInfo>& new_ports, Commit& c,
+                    TxnResult* res);
+  void commit_ops(const Txn& txn, std::vector<ParsedOp>& parsed, Commit& c, TxnResult* res);
+  void commit_add_flow(Commit& c, FlowSpec& f, int64_t now, TxnResult* res);
+  void commit_del_groups(Commit& c, const ParsedOp& p, TxnResult* res);
+  void commit_tenants(Commit& c, const std::vector<TenantSpec>& tenants);
+  void replace_rule(Commit& c, const RulePtr& old, std::vector<OfAction> acts, const uint64_t* cookie);
+  void collect(const FlowSpec& spec, bool strict, uint64_t version, std::vector<RulePtr>* out) const;
+  std::string flow_text(const Flow& f, bool with_pipeline, const PortNames* ports) const;
+  // Publishes `next` (its version is the current one plus one) with the
+  // changes that made it, and retires the current config.
+  void publish(std::unique_ptr<Config> next, ChangeSet&& changes);
 
-  mutable std::shared_mutex lock_;
-  std::mutex commit_mu_;
-  std::atomic<uint64_t> version_{1};
-  std::atomic<bool> frag_nx_match_{false};
-  PortTable ports_;
-  std::vector<TunnelTerm> terms_;  // tunnel ports as the datapath terminates them
+  mutable std::mutex mu_;  // control: apply, set_frag_nx_match and every control-side reader
+  std::atomic<const Config*> config_;
   Classifier tables_[kNumTables];
   TableStats table_stats_[kNumTables];
-  std::unordered_map<uint32_t, GroupPtr> groups_;
+  size_t table_rules_[kNumTables] = {};  // rules visible at the current version
   // Tenants by counter slot (slot - 1): a name keeps its slot, and so its
   // counters, across reloads that reorder or drop other tenants.
   struct TenantSlot {
@@ -221,9 +234,11 @@ class Dataplane {
     bool active = false;
   };
   std::vector<TenantSlot> tenant_slots_;
-  std::unordered_map<uint64_t, uint16_t> tenant_index_;  // metadata -> slot, active tenants
   Conntrack ct_;        // before the workers: they detach from it when they go
   RecircTable recirc_;
+  // After the tables (destroyed before them: its deferred removals run while
+  // they exist), before the workers (which hold read slots).
+  Rcu rcu_;
   std::vector<std::unique_ptr<Worker>> workers_;
   uint64_t next_seq_ = 1;
   std::atomic<int64_t> warp_ns_{0};

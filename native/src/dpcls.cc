@@ -51,12 +51,27 @@ Megaflow* Dpcls::insert(const Flow& key, const Flow& wc, XlateOut&& x) {
   mf->ct_resume = mf->n_acts == 1 && mf->acts[0].type == Dp::CT && mf->acts[0].ct->recirc_id != 0;
   for (const DpAction& a : mf->actions)  // nested lists (clone) lie inline
     mf->recirculates |= a.type == Dp::CT || a.type == Dp::TNL_POP;
+  Megaflow* raw = mf.get();
+  for (const XcacheEntry& e : raw->xcache) {
+    if (e.kind == XcacheEntry::GROUP) raw->uses_groups = true;
+    if (e.kind != XcacheEntry::TABLE) continue;
+    std::vector<Megaflow*>& u = users_[e.table];
+    raw->deps.push_back(Megaflow::Dep{e.table, e.exact_view, e.priority, e.found, static_cast<uint32_t>(u.size())});
+    u.push_back(raw);
+  }
+  const word_t* w = words(x.written_before_lookup);
+  uint64_t any = 0;
+  for (size_t i = 0; i < kKeyWords; i++) any |= w[i];
+  if (any) {
+    raw->written.reset(new uint64_t[kKeyWords]);
+    std::memcpy(raw->written.get(), w, kKeyBytes);
+  }
   size_t bm = st->slots.size() - 1;
   size_t pos = mf->hash & bm;
   while (st->slots[pos].mf) pos = (pos + 1) & bm;
-  st->slots[pos] = Subtable::Slot{mf->hash, mf.get()};
+  st->slots[pos] = Subtable::Slot{mf->hash, raw};
   st->n++;
-  Megaflow* raw = mf.get();
+  raw->index = static_cast<uint32_t>(st->flows.size());
   st->flows.push_back(std::move(mf));
   n_flows_++;
   return raw;
@@ -66,6 +81,121 @@ void Dpcls::clear() {
   subtables_.clear();
   order_.clear();
   n_flows_ = 0;
+  for (auto& u : users_) u.clear();
+  dead_.clear();
+}
+
+// Linear probing's deletion: the slot is emptied and every later entry of
+// its run that would no longer be reached is moved back into the gap.
+void Dpcls::unlink_slot(Subtable* st, const Megaflow* mf) {
+  const size_t m = st->slots.size() - 1;
+  size_t i = mf->hash & m;
+  while (st->slots[i].mf != mf) i = (i + 1) & m;
+  for (size_t j = (i + 1) & m;; j = (j + 1) & m) {
+    const Subtable::Slot s = st->slots[j];
+    if (!s.mf) break;
+    const size_t home = s.hash & m;
+    // s may move to i if its home is not in the cyclic range (i, j]
+    const bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+    if (stays) continue;
+    st->slots[i] = s;
+    i = j;
+  }
+  st->slots[i] = Subtable::Slot{0, nullptr};
+}
+
+void Dpcls::kill(Megaflow* mf) {
+  mf->dead = true;
+  for (const Megaflow::Dep& d : mf->deps) {
+    std::vector<Megaflow*>& u = users_[d.table];
+    Megaflow* last = u.back();
+    u[d.pos] = last;
+    u.pop_back();
+    if (last == mf) continue;
+    for (Megaflow::Dep& ld : last->deps)
+      if (ld.table == d.table && ld.pos == u.size()) {
+        ld.pos = d.pos;
+        break;
+      }
+  }
+  mf->deps.clear();
+  Subtable* st = const_cast<Subtable*>(mf->st);
+  unlink_slot(st, mf);
+  st->n--;
+  n_flows_--;
+  std::unique_ptr<Megaflow> own = std::move(st->flows[mf->index]);
+  if (mf->index + 1 != st->flows.size()) {
+    st->flows[mf->index] = std::move(st->flows.back());
+    st->flows[mf->index]->index = mf->index;
+  }
+  st->flows.pop_back();
+  dead_.push_back(std::move(own));
+}
+
+// Whether a rule added to a table could be found for some packet of `mf` by
+// a lookup of that table that saw the packet's own fields: its match agrees
+// with the megaflow's key wherever both care and no action wrote first.
+static bool may_match(const Megaflow& mf, const Rule& r) {
+  const word_t* rv = words(r.match.value);
+  const word_t* rm = words(r.match.mask);
+  for (size_t i = 0; i < kKeyWords; i++) {
+    uint64_t care = rm[i] & mf.st->mask[i];
+    if (mf.written) care &= ~mf.written[i];
+    if ((rv[i] ^ mf.key[i]) & care) return false;
+  }
+  return true;
+}
+
+size_t Dpcls::revalidate(const ChangeSet& cs, const std::function<void(Megaflow&)>& dying) {
+  std::vector<Megaflow*> victims;
+  for (const RuleChange& rc : cs.rules) {
+    const Rule& r = *rc.rule;
+    for (Megaflow* mf : users_[r.table]) {
+      for (const Megaflow::Dep& d : mf->deps) {
+        if (d.table != r.table) continue;
+        const bool hit = rc.added ? d.priority <= r.priority && (!d.exact_view || may_match(*mf, r))
+                                  : d.found == &r;
+        if (hit) {
+          victims.push_back(mf);
+          break;
+        }
+      }
+    }
+  }
+  if (!cs.groups.empty()) {
+    for (auto& st : subtables_)
+      for (auto& mf : st->flows) {
+        if (!mf->uses_groups) continue;
+        for (const XcacheEntry& e : mf->xcache)
+          if (e.kind == XcacheEntry::GROUP &&
+              std::find(cs.groups.begin(), cs.groups.end(), e.group->group_id) != cs.groups.end()) {
+            victims.push_back(mf.get());
+            break;
+          }
+      }
+  }
+  size_t n = 0;
+  for (Megaflow* mf : victims) {
+    if (mf->dead) continue;  // named twice
+    dying(*mf);
+    kill(mf);
+    n++;
+  }
+  return n;
+}
+
+void Dpcls::free_dead() {
+  dead_.clear();
+  // Subtables left empty go with them (no dead megaflow names them now).
+  for (size_t i = 0; i < subtables_.size();) {
+    if (subtables_[i]->n) {
+      i++;
+      continue;
+    }
+    order_.erase(std::find(order_.begin(), order_.end(), subtables_[i].get()));
+    subtables_[i] = std::move(subtables_.back());
+    subtables_.pop_back();
+  }
 }
 
 void Dpcls::resort() {

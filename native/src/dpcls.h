@@ -22,6 +22,20 @@
 // written only by the owning worker and pushed to the rules by the control
 // thread (dataplane.cc, "stats push") under the worker's lock.
 //
+// Revalidation (docs/design.md, "Changes without stopping the world"): a
+// megaflow records what its translation depended on: every table lookup
+// (the rule found and its priority, or a miss) and whether it used groups.
+// When a version adds a rule R to table T, a megaflow can only be wrong if
+// one of its lookups in T found nothing or a rule of lower priority than R's,
+// and if R can match its packets there: R's match agrees with the megaflow's
+// key on every bit both care about, except bits an action wrote before a
+// lookup (constants there, not the packet's) and lookups that saw another
+// in_port (resubmit) or a fragment's zeroed ports, which are not compared. A
+// deleted or modified rule affects exactly the megaflows that found it; a
+// modified or deleted group, those that used groups; ports, VTEPs, tenants
+// and the fragment mode, everything. Anything else keeps its megaflows: a
+// change to rules no packet reaches costs no upcall.
+//
 // Thread-safety: owned by one worker; the control thread reads it only while
 // holding that worker's mutex.
 #pragma once
@@ -29,12 +43,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <type_traits>
 #include <vector>
 
 #include "dpu/mem.h"
 
+#include "datapath_view.h"
 #include "dpu/dp_actions.h"
 #include "dpu/flow_key.h"
 #include "xlate.h"
@@ -63,15 +79,31 @@ struct alignas(64) Megaflow {
   // found last time. A hint only: the next packet uses it if its key
   // matches it (matches()), else looks up as usual and updates it.
   Megaflow* after_ct = nullptr;
+  // Revalidation took it out of the cache: an EMC entry or a hint that still
+  // names it answers nothing (the worker looks the packet up again).
+  bool dead = false;
   // the rest: lookup key, ownership, stats push
   uint64_t key[kKeyWords];   // masked
   const Subtable* st = nullptr;
   uint32_t hash = 0;
+  uint32_t index = 0;        // in st->flows
   DpActions actions;
   TnlHeaders tnl_hdrs;
   CtSpecs ct_specs;
   std::vector<XcacheEntry> xcache;
   uint64_t pushed_packets = 0, pushed_bytes = 0;  // already credited to rules
+  // What its translation depended on ("Revalidation" below): each table
+  // lookup, and where it stands in Dpcls::users_ of its table.
+  struct Dep {
+    uint8_t table;
+    bool exact_view;   // the lookup saw the walk's own in_port and L4 ports
+    int32_t priority;  // of the rule found, -1 for a miss
+    const Rule* found;
+    uint32_t pos;      // in users_[table]
+  };
+  std::vector<Dep> deps;
+  std::unique_ptr<uint64_t[]> written;  // key bits written before a lookup (kKeyWords words), or null
+  bool uses_groups = false;
 };
 
 struct Subtable {
@@ -192,17 +224,34 @@ class Dpcls {
   void resort();
   size_t size() const { return n_flows_; }
   const size_t& size_ref() const { return n_flows_; }  // for a relaxed read from another thread
-  size_t n_subtables() const { return order_.size(); }
   template <class F>
   void for_each(F&& f) {
     for (auto& st : subtables_)
       for (auto& mf : st->flows) f(*mf, *st);
   }
 
+  // Revalidation: the megaflows a version's changes can affect leave the
+  // cache (each handed to `dying` first, to credit its counts). Returns how
+  // many left.
+  size_t revalidate(const ChangeSet& cs, const std::function<void(Megaflow&)>& dying);
+  // Megaflows out of the cache but possibly still named by an EMC entry or
+  // a hint of the owner's (Megaflow::dead): freed by free_dead(), after the
+  // owner has cleared those.
+  size_t n_dead() const { return dead_.size(); }
+  template <class F>
+  void for_each_dead(F&& f) {
+    for (auto& mf : dead_) f(*mf);
+  }
+  void free_dead();
+
  private:
+  void kill(Megaflow* mf);
+  void unlink_slot(Subtable* st, const Megaflow* mf);
   std::vector<std::unique_ptr<Subtable>> subtables_;
   std::vector<Subtable*> order_;
   size_t n_flows_ = 0;
+  std::vector<Megaflow*> users_[kNumTables];  // by table: the megaflows whose walk looked it up
+  std::vector<std::unique_ptr<Megaflow>> dead_;
 };
 
 class Emc {
@@ -310,6 +359,24 @@ class Emc {
     e_[slot].side_tag = tag;
   }
   void prefetch_side(uint32_t slot) const { __builtin_prefetch(side_of(e_[slot])); }
+  // Revalidation (Megaflow::dead): an entry that named a dead megaflow
+  // answers nothing more. forget() empties one entry; forget_dead() every
+  // entry whose megaflow is dead, and the side data `names_dead` says names
+  // one (before the dead megaflows are freed).
+  void forget(uint32_t slot) {
+    e_[slot].mf = nullptr;
+    e_[slot].side_tag = 0;
+    tags_[slot] = 0;
+  }
+  template <class F>
+  void forget_dead(F&& names_dead) {
+    for (uint32_t i = 0; i < kEntries; i++) {
+      if (!tags_[i]) continue;
+      Entry& e = e_[i];
+      if (!e.mf || e.mf->dead) forget(i);
+      else if (e.side_tag && names_dead(static_cast<const unsigned char*>(side_of(e)))) e.side_tag = 0;
+    }
+  }
   void clear() {
     for (uint32_t i = 0; i < kEntries; i++) {
       e_[i].mf = nullptr;

@@ -49,6 +49,36 @@ class CountSink : public PortSink {
   uint64_t count = 0;
 };
 
+// BenchCheck's sink: every output against the stamp its route had at the
+// version its batch ran at.
+class CheckSink : public PortSink {
+ public:
+  CheckSink(const Worker& w, BenchCheck* c) : w_(w), c_(c) {}
+  uint32_t send(uint32_t, Packet* const* pkts, uint32_t n) override {
+    const uint64_t v = w_.batch_version();
+    for (uint32_t i = 0; i < n; i++) {
+      const uint8_t* d = pkts[i]->data();
+      const uint32_t route = be16(load16(d + 2));
+      const uint16_t dst = be16(load16(d + 4)), src = be16(load16(d + 10));
+      const bool ok = pkts[i]->len >= 14 && route == be16(load16(d + 8)) && route < c_->routes && dst == src &&
+                      dst == static_cast<uint16_t>(expected(route, v));
+      c_->wrong += ok ? 0 : 1;
+    }
+    c_->checked += n;
+    return n;
+  }
+
+ private:
+  uint64_t expected(uint32_t route, uint64_t v) const {
+    if (v <= c_->base) return c_->base;
+    const uint64_t kmax = v - c_->base - 1;
+    if (route > kmax) return c_->base;
+    return c_->base + 1 + route + (kmax - route) / c_->routes * c_->routes;
+  }
+  const Worker& w_;
+  BenchCheck* c_;
+};
+
 }  // namespace
 
 Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
@@ -67,9 +97,12 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
   MemRx rx(data, offsets, lens, ports, ts, n, false, true);
   CaptureSink sink(out, rx.burst_index());
   while (rx.more()) {
-    // One burst at a time under the worker's lock: a commit waits at most a burst.
-    std::lock_guard<std::mutex> g(w.mu);
+    std::lock_guard<std::mutex> g(w.mu);  // one burst at a time, as a live worker takes them
     w.receive(rx, kBatchMax, &sink);
+  }
+  {  // the call's counts reach the rules before it returns (stats() reads them without a lock)
+    std::lock_guard<std::mutex> g(w.mu);
+    w.push_stats();
   }
   // Input order, then the order the actions emitted (as OVS's ofproto/trace reads).
   std::stable_sort(out->pkts.begin(), out->pkts.end(), [](const MemPacket& a, const MemPacket& b) {
@@ -79,20 +112,26 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
 }
 
 BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
-                     const uint32_t* ports, size_t n, uint64_t total, uint32_t burst) {
+                     const uint32_t* ports, size_t n, uint64_t total, uint32_t burst, BenchCheck* check) {
   BenchStats bs;
   if (n == 0) return bs;
   burst = std::clamp<uint32_t>(burst, 1, kBatchMax);
   Worker& w = dp->worker(0);
-  CountSink sink;
+  CountSink count;
+  CheckSink checked(w, check);
+  PortSink* sink = check && check->on ? static_cast<PortSink*>(&checked) : &count;
   MemRx rx(data, offsets, lens, ports, nullptr, n, true, false);
   auto t0 = std::chrono::steady_clock::now();
   uint64_t done = 0;
   while (done < total) {
     std::lock_guard<std::mutex> g(w.mu);  // per burst, as a live worker would
-    done += w.receive(rx, static_cast<uint32_t>(std::min<uint64_t>(burst, total - done)), &sink);
+    done += w.receive(rx, static_cast<uint32_t>(std::min<uint64_t>(burst, total - done)), sink);
   }
   auto t1 = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> g(w.mu);
+    w.push_stats();
+  }
   bs.packets = done;
   bs.seconds = std::chrono::duration<double>(t1 - t0).count();
   return bs;
@@ -201,6 +240,10 @@ bool Replayer::run(uint64_t max_packets, Status* st) {
     w.set_drop_sink(drops_.get());  // this replay's bursts only
     w.receive(*rx_, static_cast<uint32_t>(std::min<uint64_t>(kBatchMax, left)), writers_.get());
     w.set_drop_sink(nullptr);
+  }
+  {
+    std::lock_guard<std::mutex> g(w.mu);
+    w.push_stats();
   }
   if (!rx_->status().ok()) {
     *st = rx_->status();

@@ -44,11 +44,26 @@ struct BenchStats {
   uint64_t packets = 0;
   double seconds = 0;
 };
+// What every output of a churn-hit benchmark must carry (dpu/bench.py,
+// churn-hit-1k): route r's two rules stamp it, in one transaction per
+// change, with the version that changes it: dl_dst and dl_src are
+// 02:00:RR:RR:SS:SS (route, stamp). Change k (from 0) made version
+// base + 1 + k and restamped route k % routes. A packet of a batch that ran at
+// version V must carry, in both addresses, the stamp route r had at V: one
+// version, never a mix, and never older than the batch.
+struct BenchCheck {
+  bool on = false;
+  uint64_t base = 0;    // the version every route's stamp was from before the changes
+  uint32_t routes = 0;
+  uint64_t checked = 0, wrong = 0;  // results
+};
 // Cycles through the n template packets until `total` packets were processed,
 // `burst` at a time (1..kBatchMax), copying each into a pool buffer (as a NIC
-// would DMA it) and discarding the outputs after counting them.
+// would DMA it) and discarding the outputs after counting them (and checking
+// them, with `check`).
 BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
-                     const uint32_t* ports, size_t n, uint64_t total, uint32_t burst = kDefaultBurst);
+                     const uint32_t* ports, size_t n, uint64_t total, uint32_t burst = kDefaultBurst,
+                     BenchCheck* check = nullptr);
 
 // ---- replay ----------------------------------------------------------------------
 // With a drops file, every arrival that produced no output is written to it

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "dataplane.h"
 #include "execute.h"
 #include "merge_runs.h"
 #include "parse.h"
@@ -24,36 +23,86 @@ static inline uint64_t cycles_now() {
 
 namespace dpu {
 
-Worker::Worker(Dataplane* dp, uint32_t pool_size) : dp_(dp), pool_(pool_size), ctw_(dp->conntrack().attach()) {}
+Worker::Worker(DatapathView* dp, uint32_t pool_size)
+    : dp_(dp), rcu_slot_(dp->rcu().attach()), pool_(pool_size), ctw_(dp->conntrack().attach()) {}
 
 void Worker::set_trace(TraceRecorder* rec) {
   trace_ = rec;
   fast_tunnel_ = rec == nullptr;  // the pop shows as a pass of its own
   max_megaflows_ = rec ? 0 : (1u << 20);
 }
-Worker::~Worker() = default;
+Worker::~Worker() { dp_->rcu().detach(rcu_slot_); }
 
-void Worker::sync_version() {
-  uint64_t v = dp_->version();
-  if (v == version_) return;
-  if (version_) {
+void Worker::sync_config() {
+  const Config* c = dp_->config();
+  cfg_ = c;
+  if (c->version == version_) return;
+  if (version_) revalidate(*c);
+  version_ = c->version;
+  if (c->ports != seen_ports_) {
+    seen_ports_ = c->ports;
+    is_tunnel_.assign(std::max<uint32_t>(c->ports->max_port(), 1), 0);
+    for (const PortInfo* p : c->ports->all()) is_tunnel_[p->ofport] = p->tunnel;
+    ports.grow(is_tunnel_.size());
+    if (tx_.size() < is_tunnel_.size()) tx_.resize(is_tunnel_.size());
+  }
+  tenants.grow(c->n_tenant_slots + 1);
+  if (c->terms != seen_terms_ || is_underlay_.size() != is_tunnel_.size()) {
+    seen_terms_ = c->terms;
+    tnl_terms_ = *c->terms;
+    is_underlay_.assign(is_tunnel_.size(), 0);
+    tnl_tx_.clear();
+    for (const TunnelTerm& t : tnl_terms_) {
+      if (t.underlay < is_underlay_.size()) is_underlay_[t.underlay] = 1;
+      tnl_tx_.push_back({t.underlay, t.port, t.cfg.ipv6});
+    }
+  }
+}
+
+// The changes from version_ to c's, newest first in c's chain: applied
+// oldest first. A flush among them, or a chain that no longer reaches back
+// to version_, flushes everything.
+void Worker::revalidate(const Config& c) {
+  std::vector<const ChangeNode*> todo;
+  const ChangeNode* n = c.changes.get();
+  while (n && n->version > version_) {
+    todo.push_back(n);
+    n = n->prev.get();
+  }
+  bool flush = todo.empty() || todo.back()->version != version_ + 1;
+  for (const ChangeNode* t : todo) flush |= t->set.flush;
+  if (flush) {
     push_stats();
     flush_caches();
     counters.flushes++;
+    return;
   }
-  version_ = v;
-  size_t n_tenants = 0;
-  dp_->port_flags(&is_tunnel_, &n_tenants);
-  ports.grow(is_tunnel_.size());
-  if (tx_.size() < is_tunnel_.size()) tx_.resize(is_tunnel_.size());
-  tenants.grow(n_tenants + 1);
-  dp_->tunnel_terms(&tnl_terms_);
-  is_underlay_.assign(is_tunnel_.size(), 0);
-  tnl_tx_.clear();
-  for (const TunnelTerm& t : tnl_terms_) {
-    if (t.underlay < is_underlay_.size()) is_underlay_[t.underlay] = 1;
-    tnl_tx_.push_back({t.underlay, t.port, t.cfg.ipv6});
+  auto dying = [this](Megaflow& mf) {
+    const uint64_t np = mf.n_packets.load(std::memory_order_relaxed);
+    if (np != mf.pushed_packets && !trace_)
+      dp_->credit(mf.xcache, np - mf.pushed_packets, mf.n_bytes.load(std::memory_order_relaxed) - mf.pushed_bytes);
+  };
+  for (auto it = todo.rbegin(); it != todo.rend(); ++it) {
+    const size_t dropped = dpcls_.revalidate((*it)->set, dying);
+    counters.megaflows_revalidated += dropped;
+    counters.revalidations++;
+    counters.flushes += dropped ? 1 : 0;
   }
+  // Dead megaflows wait (an EMC entry may still name one: it answers
+  // nothing) until enough of them make the EMC walk worth its cost.
+  if (dpcls_.n_dead() >= 1024) forget_dead();
+}
+
+void Worker::forget_dead() {
+  emc_.forget_dead([](const unsigned char* side) {
+    CtResume r;
+    std::memcpy(&r, side, sizeof r);
+    return r.mf->dead;
+  });
+  dpcls_.for_each([](Megaflow& mf, Subtable&) {
+    if (mf.after_ct && mf.after_ct->dead) mf.after_ct = nullptr;
+  });
+  dpcls_.free_dead();
 }
 
 void Worker::flush_caches() {
@@ -117,7 +166,8 @@ void Worker::push_stats() {
 }
 
 void Worker::process(Batch& in) {
-  sync_version();
+  dp_->rcu().enter(rcu_slot_);
+  sync_config();
   const uint32_t n = in.count;
   counters.packets += n;
   counters.batches++;
@@ -210,12 +260,23 @@ void Worker::process(Batch& in) {
   // batches that reach a ct action (an ARP at t=60 in a replay moves it
   // too), once the batch is done: each of its packets was tracked at its
   // own time (ct_stage.cc).
-  if (max_ts_) dp_->conntrack().now(dp_->now_ns(), Conntrack::stamp(max_ts_));
+  if (max_ts_) {
+    // A clock moved by the packets' time (a replay, or process() with
+    // timestamps) expires at once what it passed, as a stage would have
+    // (its slice ran before the move).
+    Conntrack& ct = dp_->conntrack();
+    const int64_t mono = dp_->now_ns();
+    const int64_t before = ct.now(mono);
+    const int64_t after = ct.now(mono, Conntrack::stamp(max_ts_));
+    if (after - before >= CtWorker::kTickNs && !trace_) ctw_->sweep(after, 1024);
+  }
   uint64_t t0 = profile_ ? cycles_now() : 0;
   flush_tx(recirculated_);
   if (profile_) counters.cycles[STAGE_TX] += cycles_now() - t0;
   in.count = 0;
   if ((++batch_count_ & 1023) == 0) dpcls_.resort();
+  cfg_ = nullptr;
+  dp_->rcu().leave(rcu_slot_);
 }
 
 // The arrivals counted as drops above, as they arrived, to the drop sink.
@@ -321,7 +382,7 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     const Packet* p = pkts[i];
     if (p->md.ct_state && p->ct.after) {
       Megaflow* next = static_cast<const Megaflow*>(p->ct.after)->after_ct;
-      if (next && megaflow_matches(*next, words(keys[i]))) {
+      if (next && !next->dead && megaflow_matches(*next, words(keys[i]))) {
         mfs[i] = next;
         __builtin_prefetch(next);
         n_hinted++;
@@ -416,39 +477,10 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
 
   // Upcalls. A packet whose megaflow could not be installed runs straight from
   // its translation and credits the rules at once.
-  std::vector<XlateOut>& uninstalled = uninstalled_;
   uint32_t direct[kChunk];
   for (uint32_t k = 0; k < n_up; k++) {
-    uint32_t i = up[k];
-    uint32_t probes = 0;
-    Megaflow* mf = dpcls_.lookup(words(keys[i]), &probes);  // an earlier miss may have installed it
-    counters.subtable_probes += probes;
-    if (mf) {
-      counters.megaflow_hits++;
-      mfs[i] = mf;
-      continue;
-    }
-    XlateOut xo;
-    if (__builtin_expect(trace_ != nullptr, 0)) {
-      std::vector<TraceEvent> events;
-      dp_->upcall(keys[i], &xo, &events);
-      trace_->walk(keys[i], xo, std::move(events));
-    } else {
-      dp_->upcall(keys[i], &xo, nullptr);
-    }
-    counters.upcalls++;
-    if (dpcls_.size() < max_megaflows_) {
-      Flow wc = xo.wc;
-      mf = dpcls_.insert(keys[i], wc, std::move(xo));
-      mfs[i] = mf;
-      emc_.insert(keys[i], use_emc ? hashes[i] : Emc::hash(keys[i]), mf, !emc_bypass_);
-    } else {
-      counters.upcall_no_install++;
-      if (!trace_) dp_->credit(xo.xcache, 1, pkts[i]->len);
-      direct[i] = static_cast<uint32_t>(uninstalled.size());
-      uninstalled.push_back(std::move(xo));
-      mfs[i] = nullptr;
-    }
+    const uint32_t i = up[k];
+    mfs[i] = resolve(pkts[i], keys[i], kNoSlot, use_emc, use_emc ? hashes[i] : 0, &direct[i]);
   }
   if (profile_) {
     t1 = cycles_now();
@@ -459,10 +491,17 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
   for (uint32_t i = 0; i < n; i++) {
     Megaflow* mf = mfs[i];
     if (!mf) continue;
+    if (__builtin_expect(mf->dead, 0)) {  // its EMC entry outlived a revalidation: a miss after all
+      counters.emc_hits--;
+      mf = mfs[i] = resolve(pkts[i], keys[i], slots[i], use_emc, use_emc ? hashes[i] : 0, &direct[i]);
+      slots[i] = kNoSlot;
+      if (!mf) continue;
+    }
     const Packet* p = pkts[i];
     __builtin_prefetch(mf->acts);
     mf->count(p->len);
   }
+  const std::vector<XlateOut>& uninstalled = uninstalled_;
   for (uint32_t i = 0; i < n; i++) {
     Packet* p = pkts[i];
     Megaflow* mf = mfs[i];
@@ -497,6 +536,43 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
     run_actions(p, keys[i], acts, n_acts, recirc);
   }
   if (profile_) counters.cycles[STAGE_EXECUTE] += cycles_now() - t0;
+}
+
+// A lookup the caches could not answer: the megaflow cache once more (an
+// earlier packet of the sub-batch may have installed it), else the slow path
+// at the batch's version, installing a megaflow when there is room. Without
+// room (or in a trace) the translation is kept in uninstalled_ (*direct: its
+// index) and credited at once; returns null then. `slot`: an EMC entry that
+// named a dead megaflow, cleared.
+Megaflow* Worker::resolve(Packet* p, const Flow& key, uint32_t slot, bool use_emc, uint32_t hash, uint32_t* direct) {
+  if (slot != ~0u) emc_.forget(slot);
+  uint32_t probes = 0;
+  Megaflow* mf = dpcls_.lookup(words(key), &probes);
+  counters.subtable_probes += probes;
+  if (mf) {
+    counters.megaflow_hits++;
+    return mf;
+  }
+  XlateOut xo;
+  if (__builtin_expect(trace_ != nullptr, 0)) {
+    std::vector<TraceEvent> events;
+    dp_->upcall(*cfg_, key, &xo, &events);
+    trace_->walk(key, xo, std::move(events));
+  } else {
+    dp_->upcall(*cfg_, key, &xo, nullptr);
+  }
+  counters.upcalls++;
+  if (dpcls_.size() < max_megaflows_) {
+    Flow wc = xo.wc;
+    mf = dpcls_.insert(key, wc, std::move(xo));
+    emc_.insert(key, use_emc ? hash : Emc::hash(key), mf, !emc_bypass_);
+    return mf;
+  }
+  counters.upcall_no_install++;
+  if (!trace_) dp_->credit(xo.xcache, 1, p->len);
+  *direct = static_cast<uint32_t>(uninstalled_.size());
+  uninstalled_.push_back(std::move(xo));
+  return nullptr;
 }
 
 void Worker::enter_tenant(Packet* p, uint16_t tenant) {

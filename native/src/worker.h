@@ -14,10 +14,15 @@
 // sinks in arrival order, and every arrival that produced no output is counted
 // once as a drop, under the last reason recorded for it.
 //
-// Before each batch the worker compares the dataplane's table version with the
-// one its caches were built from; on a change it pushes its megaflow counters
-// to the rules (so no count is lost) and flushes both caches: a cache never
-// returns a result derived from older tables.
+// Each batch runs at one configuration version (datapath_view.h), taken at
+// its start inside the worker's read section (rcu.h): every upcall of the
+// batch walks that version's tables. When the version has moved, the worker
+// first drops the cached megaflows the changes since its last batch can
+// affect (Dpcls::revalidate, crediting their counts to the rules first; the
+// EMC entries and hints that name them answer nothing from then on), or, for
+// a change of ports, VTEPs, tenants or fragment mode, or when it is further
+// behind than the changes kept, flushes both caches: a cache never returns a
+// result derived from older tables.
 //
 // Tunnel ports count what they carry: a successful VXLAN push counts the inner
 // frame as tx of its tunnel port, a successful pop as rx (vxlan.cc).
@@ -42,16 +47,16 @@
 #include <vector>
 
 #include "conntrack/conntrack.h"
+#include "datapath_view.h"
 #include "dpcls.h"
 #include "ports.h"
+#include "rcu.h"
 #include "dpu/batch.h"
 #include "dpu/drops.h"
 #include "ports/port_io.h"
 #include "tunnel_term.h"
 
 namespace dpu {
-
-class Dataplane;
 
 // What a trace wants to know of the passes a packet makes (dataplane.cc):
 // every slow-path walk and every conntrack result, in order.
@@ -257,7 +262,7 @@ constexpr size_t kCtStageJobs = 128;  // a pass runs the conntrack stage once th
 
 class Worker {
  public:
-  Worker(Dataplane* dp, uint32_t pool_size);
+  Worker(DatapathView* dp, uint32_t pool_size);
   ~Worker();
 
   // Processes one batch; packets must come from this worker's pool and have
@@ -270,6 +275,8 @@ class Worker {
   uint32_t receive(RxQueue& q, uint32_t max, PortSink* sink);
 
   PacketPool& pool() { return pool_; }
+  // The configuration version the current (or last) batch ran at.
+  uint64_t batch_version() const { return version_; }
   CtWorker& ct_worker() { return *ctw_; }
   void set_sink(PortSink* s) { sink_ = s; }
   // Every dropped arrival to `s` as well (nullptr: off, the default). Caller holds mu.
@@ -302,8 +309,14 @@ class Worker {
   WorkerCounters counters;
 
  private:
-  friend class Executor;
-  void sync_version();
+  // At the start of a batch, in the read section: the current Config, and
+  // the caches brought up to it.
+  void sync_config();
+  void revalidate(const Config& c);
+  void forget_dead();  // EMC entries and hints naming dead megaflows cleared, then those freed
+  // A packet whose EMC entry named a dead megaflow: looked up again (megaflow
+  // cache, then upcall), as pass() does for a miss.
+  Megaflow* resolve(Packet* p, const Flow& key, uint32_t slot, bool use_emc, uint32_t hash, uint32_t* direct);
   void pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool first);
   template <bool kTerms>
   uint32_t parse_stage(Packet** pkts, uint32_t n, Flow* keys, Packet** live, bool first);
@@ -346,11 +359,17 @@ class Worker {
   void report_drops(uint32_t n);
   void send_too_big(Packet* p, const Flow& key, const TnlHeader& a);
 
-  Dataplane* dp_;
+  DatapathView* dp_;
+  int rcu_slot_;
   PacketPool pool_;
   Emc emc_;
   Dpcls dpcls_;
   uint64_t version_ = 0;
+  const Config* cfg_ = nullptr;  // during a batch: the version it runs at
+  // The parts of the last Config whose derived state (is_tunnel_, tnl_terms_,
+  // ...) is current; held so that a pointer compare means "unchanged".
+  std::shared_ptr<const PortTable> seen_ports_;
+  std::shared_ptr<const std::vector<TunnelTerm>> seen_terms_;
   PortSink* sink_ = nullptr;
   bool profile_ = false;
   uint32_t emc_inv_prob_ = 100;
@@ -373,7 +392,7 @@ class Worker {
   std::vector<uint32_t> tx_runs_;
   std::vector<uint8_t> is_tunnel_;        // by ofport
   std::vector<Packet*> cur_, next_;       // packets of the current / next pass
-  std::vector<TunnelTerm> tnl_terms_;     // from the port table, at each version
+  std::vector<TunnelTerm> tnl_terms_;     // the VTEPs the Config terminates
   std::vector<XlateOut> uninstalled_;     // walks run without a megaflow (cache full, trace): this call
   // conntrack: packets waiting for the stage, and the keys of those whose
   // remaining actions run after it (ct without table)

@@ -149,16 +149,18 @@ void XlateCtx::event(TraceEvent::Kind k, std::string text, int table, const Rule
 // the input port, and for an IP fragment (frag mode "normal", the default;
 // not "nx-match") with tp_src and tp_dst (ICMP type and code) read as 0. The megaflow then holds nw_frag
 // instead of the ports; for other packets nw_frag joins it when the ports do.
-const RulePtr* XlateCtx::lookup(uint8_t t, uint32_t in_port, Flow* m) {
+const RulePtr* XlateCtx::lookup(uint8_t t, uint32_t in_port, Flow* m, bool* exact_view) {
   const bool frag = (flow_.nw_frag & kFragAny) && !env_.frag_nx_match;
   const RulePtr* r;
-  if (!frag && in_port == flow_.in_port) {
-    r = env_.tables[t].lookup(flow_, m);
+  flow_or_into(out_.written_before_lookup, written_);
+  *exact_view = !frag && in_port == flow_.in_port;
+  if (*exact_view) {
+    r = env_.tables[t].lookup(flow_, env_.version, m);
   } else {
     Flow f = flow_;
     f.in_port = in_port;
     if (frag) f.tp_src = f.tp_dst = 0;
-    r = env_.tables[t].lookup(f, m);
+    r = env_.tables[t].lookup(f, env_.version, m);
   }
   if (frag) m->tp_src = m->tp_dst = 0;
   if (frag || m->tp_src || m->tp_dst) uw_field(FieldId::NW_FRAG);
@@ -177,13 +179,17 @@ void XlateCtx::do_table(uint8_t t, uint32_t in_port, bool counted) {
     if (exit_) break;
     table_ = t;
     Flow m{};
-    const RulePtr* rp = lookup(t, first ? in_port : flow_.in_port, &m);
+    bool exact_view;
+    const RulePtr* rp = lookup(t, first ? in_port : flow_.in_port, &m, &exact_view);
     const Rule* r = rp ? rp->get() : nullptr;
     uw(m);
     XcacheEntry te;
     te.kind = XcacheEntry::TABLE;
     te.table = t;
     te.matched = r != nullptr;
+    te.exact_view = exact_view;
+    te.priority = r ? r->priority : -1;
+    te.found = r;
     out_.xcache.push_back(te);
     if (!r) {
       event(TraceEvent::MISS, "No match.", t);

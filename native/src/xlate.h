@@ -1,8 +1,9 @@
 // xlate.h: the slow path: walk the OpenFlow tables for one flow key and
 // compile the outcome into datapath actions plus the megaflow mask.
 //
-// Uses:  a datapath flow key (from parse.h), the tables, groups, ports and
-//        tenant map (XlateEnv, read under the dataplane's shared lock).
+// Uses:  a datapath flow key (from parse.h), the tables at one version, and the
+//        groups, ports and tenant map of that version (XlateEnv, from a
+//        published Config: datapath_view.h), read without locks.
 // A pass that resumes after conntrack (key.recirc_id != 0) starts in the
 // frozen table with the frozen metadata and registers (recirc.h).
 //
@@ -16,7 +17,8 @@
 // same feature; the README lists where dpu differs (group buckets are action
 // lists run on a clone; drop(reason); one VLAN tag in the key).
 //
-// Thread-safety: xlate() is reentrant; callers hold the shared table lock.
+// Thread-safety: xlate() is reentrant; callers are inside the dataplane's read
+// section (rcu.h) or hold its control mutex.
 #pragma once
 
 #include <string>
@@ -35,10 +37,17 @@ struct TableStats {
   std::atomic<uint64_t> lookups{0}, matches{0};
 };
 
+// What a walk looked at (OVS's xlate cache): the rules and groups to credit
+// with the megaflow's counts, and each table lookup as a dependency of the
+// megaflow (dpcls.h, "Revalidation"): the rule found (or none) and its
+// priority, and whether the lookup saw the packet's own in_port and ports.
 struct XcacheEntry {
   enum Kind : uint8_t { RULE, TABLE, GROUP } kind = RULE;
   uint8_t table = 0;
   bool matched = false;
+  bool exact_view = true;       // TABLE: looked up with the walk's own flow (no resubmit port, no fragment rule)
+  int32_t priority = -1;        // TABLE: of the rule found; -1: a miss
+  const Rule* found = nullptr;  // TABLE: that rule (kept alive by the RULE entry after it)
   RulePtr rule;
   GroupPtr group;
 };
@@ -57,6 +66,7 @@ class RecircTable;
 
 struct XlateEnv {
   const Classifier* tables = nullptr;                           // [kNumTables]
+  uint64_t version = 0;                                         // the tables' version to look up at
   const std::vector<TunnelTerm>* terms = nullptr;               // VTEPs terminated (tunnel_term.h)
   const std::unordered_map<uint32_t, GroupPtr>* groups = nullptr;
   const PortTable* ports = nullptr;
@@ -76,6 +86,10 @@ struct XlateOut {
   bool has_output = false;
   bool has_ct = false;               // the packet (or a copy) goes to the conntrack stage
   Flow final_flow{};
+  // Datapath key bits that some action wrote before some table lookup: at
+  // those lookups they were the action's constants, not the packet's (a
+  // dependency's match is not compared on them, dpcls.h).
+  Flow written_before_lookup{};
 };
 
 void xlate(const XlateEnv& env, const Flow& key, XlateOut* out, std::vector<TraceEvent>* trace);

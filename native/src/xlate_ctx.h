@@ -41,7 +41,7 @@ class XlateCtx {
   bool try_tunnel_pop();
   void resume();
   void do_table(uint8_t t, uint32_t in_port, bool counted);
-  const RulePtr* lookup(uint8_t t, uint32_t in_port, Flow* mask);
+  const RulePtr* lookup(uint8_t t, uint32_t in_port, Flow* mask, bool* exact_view);
   void do_actions(const std::vector<OfAction>& acts);
   void do_action(const OfAction& a);
   void write_field(const FieldDef& f, u128 value, u128 mask);

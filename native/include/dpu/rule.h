@@ -7,7 +7,9 @@
 // xlate cache credits from megaflow counters (see dataplane.h, "stats push").
 //
 // Thread-safety: a Rule is shared (shared_ptr) between the table that owns it
-// and the megaflows derived from it; only the atomic counters change.
+// and the megaflows derived from it; only the atomic counters and the
+// remove_version (set once by the writer, before the version that deletes
+// it is published) change.
 #pragma once
 
 #include <atomic>
@@ -75,6 +77,19 @@ struct CtAction {
   std::vector<OfAction> exec;            // set_field/load to ct_mark and ct_label
 };
 
+// A rule's or group's packet counts. A rule that replaces another (same match
+// and priority, or a mod-flows) takes over its counters: both share this, so
+// counts still credited to the old one by a worker's megaflows land here too.
+struct OfCounters {
+  std::atomic<uint64_t> n_packets{0}, n_bytes{0};
+  void add(uint64_t packets, uint64_t bytes) {
+    n_packets.fetch_add(packets, std::memory_order_relaxed);
+    n_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+};
+
+constexpr uint64_t kVersionNever = ~0ull;
+
 struct Rule {
   uint8_t table = 0;
   uint16_t priority = kDefaultPriority;
@@ -83,7 +98,13 @@ struct Rule {
   std::vector<OfAction> actions;
   uint64_t seq = 0;          // commit order; the earlier rule wins a priority tie
   int64_t created_ns = 0;    // for duration= in dumps
-  std::atomic<uint64_t> n_packets{0}, n_bytes{0};
+  std::shared_ptr<OfCounters> counts = std::make_shared<OfCounters>();
+  // Versions (classifier.h): visible in [add_version, remove_version).
+  uint64_t add_version = 0;
+  std::atomic<uint64_t> remove_version{kVersionNever};
+  bool visible_in(uint64_t v) const {
+    return add_version <= v && v < remove_version.load(std::memory_order_relaxed);
+  }
 };
 using RulePtr = std::shared_ptr<Rule>;
 
@@ -100,7 +121,7 @@ struct Group {
   GroupType type = GroupType::ALL;
   std::vector<Bucket> buckets;
   uint32_t total_weight = 0;
-  std::atomic<uint64_t> n_packets{0}, n_bytes{0};
+  std::shared_ptr<OfCounters> counts = std::make_shared<OfCounters>();  // kept by a mod-group
 };
 using GroupPtr = std::shared_ptr<Group>;
 

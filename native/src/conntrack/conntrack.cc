@@ -490,7 +490,7 @@ __attribute__((always_inline)) inline bool Conntrack::decide_existing(CtWorker& 
     if (u != CtUpdate::INVALID) refresh(c, now);
   }
   if (u == CtUpdate::NEW) {  // the old connection is over; this packet opens another
-    if (!dry_run && remove(c)) w.removed++;
+    if (!dry_run && remove(c)) bump(w.removed);
     return false;
   }
   if (u == CtUpdate::INVALID) {
@@ -593,7 +593,7 @@ void Conntrack::decide(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp,
   }
 
   if (c && spec.commit && spec.force && dir == 1) {  // committed the other way: start over
-    if (!dry_run && remove(c)) w.removed++;
+    if (!dry_run && remove(c)) bump(w.removed);
     c = nullptr;
   }
   if (c && decide_existing(w, spec, cp, natted, prev_nat, c, dir, now, dry_run, r)) return;
@@ -700,7 +700,7 @@ void Conntrack::decide_new(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket&
     return;
   }
   w.file(c, now);
-  w.created++;
+  bump(w.created);
   exec(c, spec);
   r->created = true;
   if (c->nat) {
@@ -953,7 +953,7 @@ void CtWorker::sweep_locked(int64_t now, size_t budget) {
         refile_.push_back(c);
         continue;
       }
-      if (ct_->remove(c, &releases_)) expired++;
+      if (ct_->remove(c, &releases_)) bump(expired);
       retired_.push_back({0, c});
     }
     const bool done = tick_conns.empty();

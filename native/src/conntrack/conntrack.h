@@ -144,6 +144,9 @@ struct CtReleases {
   std::vector<NatMapping*> maps;
 };
 
+// A counter with one writer at a time and readers that load it relaxed.
+inline void bump(uint64_t& c, uint64_t n = 1) { __atomic_store_n(&c, c + n, __ATOMIC_RELAXED); }
+
 // One worker's side of the table: its epoch slot, expiry wheel, connection
 // free list and counters.
 class CtWorker {
@@ -162,8 +165,19 @@ class CtWorker {
   // the retired list are under a spinlock.
   void sweep(int64_t now, size_t budget);
   int slot() const { return slot_; }
+  static constexpr int64_t kTickNs = int64_t{1} << 23;  // the expiry wheel's tick (kTickShift)
 
-  uint64_t created = 0, expired = 0, removed = 0;  // this worker's counts
+  // This worker's counts: written by one thread at a time (created and
+  // removed by the owner, expired under the wheel's lock) with bump(), read
+  // by anyone with relaxed loads (counts()), never under a lock.
+  uint64_t created = 0, expired = 0, removed = 0;
+  struct Counts {
+    uint64_t created, expired, removed;
+  };
+  Counts counts() const {
+    return {__atomic_load_n(&created, __ATOMIC_RELAXED), __atomic_load_n(&expired, __ATOMIC_RELAXED),
+            __atomic_load_n(&removed, __ATOMIC_RELAXED)};
+  }
 
  private:
   friend class Conntrack;
@@ -175,6 +189,7 @@ class CtWorker {
   // snat-new x1.175 at ~67 ms, x1.057 more at ~17 ms, x1.041 more at ~8.4 ms
   // with twice the ticks, so that the span stays ~2.3 min.)
   static constexpr int kTickShift = 23;
+  static_assert(kTickNs == int64_t{1} << kTickShift, "one tick");
   static constexpr size_t kAllocAhead = 2;  // alloc() prefetches the connection it hands out that many calls later
 
   Conn* alloc();
