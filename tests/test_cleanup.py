@@ -1,15 +1,19 @@
-"""dpu.cleanup (issue 26): what a process registers is removed when it ends by SIGTERM,
-SIGINT, SIGHUP or a normal exit, and the process still ends as the signal says.
+"""Tools and labs leave nothing behind (issue 26): dpu.cleanup, and everything that
+uses it, on SIGTERM, SIGINT, SIGHUP or a normal exit.
 
-Each case runs a child interpreter that registers a cleanup (the removal of a
-directory it made), says on stdout where it is and waits; the test sends the
-signal, then checks the child's exit status and that the directory is gone.
+Each case runs a child process that sets something up (a directory, a lab of
+network namespaces with processes in them, Open vSwitch's daemons, a tool's
+temporary directory), says on stdout where it is and waits; the test sends the
+signal, then checks that the child ended as the signal says (killed by it, or
+128 + its number where the tool exits by itself on SIGINT) and that everything
+it named is gone: namespaces, processes, directories.
 """
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -218,3 +222,142 @@ print("still here", os.path.exists(d.path), flush=True)
     assert rc == 0, err
     assert out.split() == ["still", "here", "True"]
 
+
+# ---- labs and tools -------------------------------------------------------------------------
+
+def namespaces() -> set:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def running(pid: int) -> bool:
+    """Whether pid is a live process (a zombie nobody has reaped yet is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for(cond, what: str, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def signalled(rc: int, sig: int) -> bool:
+    return rc in (-sig, 128 + sig)
+
+
+def check_setup_and_teardown(p: subprocess.Popen, sig: int, info: dict) -> None:
+    """info names what the child made: all of it exists; after `sig` none of it does."""
+    ns, pids, dirs = info.get("namespaces", []), info.get("pids", []), [d for d in (info.get("tmp"),) if d]
+    assert set(ns) <= namespaces() and all(map(running, pids)) and all(map(os.path.isdir, dirs)), info
+    p.send_signal(sig)
+    rc, _, err = finish(p)
+    assert signalled(rc, sig), f"exit status {rc}: {err[-2000:]}"
+    assert not set(ns) & namespaces()
+    wait_for(lambda: not any(map(running, pids)), f"processes {pids} to end")
+    assert not any(map(os.path.exists, dirs))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_live_bench_leaves_no_namespace_daemon_or_directory(netns_ok, sig):
+    """bench/live_bench.py --hold: the rig of three namespaces, dpu run and Open vSwitch's
+    ovsdb-server and ovs-vswitchd in it, its temporary directory with their databases."""
+    from ovs_oracle import missing_reason
+    why = missing_reason()
+    if why:
+        pytest.skip(why)
+    p = spawn("", argv=[sys.executable, os.path.join(ROOT, "bench", "live_bench.py"), "--hold", "--scenarios",
+                        "live-l3", "--io", "afpacket", "--workers", "1"])
+    info = ready(p)
+    assert len(info["namespaces"]) == 3 and len(info["pids"]) == 3, info  # dpu run, ovsdb-server, ovs-vswitchd
+    check_setup_and_teardown(p, sig, info)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_the_live_lab_leaves_no_namespace_or_process(netns_ok, tmp_path, sig):
+    """tests/livelab.py's Lab (eight namespaces) with a server running in one of them."""
+    p = spawn(f"""
+from livelab import Lab
+lab = Lab({str(tmp_path)!r})
+server = lab.peer("inet", "sink", "5001")
+ready(namespaces=list(lab.ns.values()), pids=[server.pid])
+wait_forever()
+""")
+    check_setup_and_teardown(p, sig, ready(p))
+
+
+def test_the_kernel_vtep_and_host_pair_leave_no_namespace_or_capture(netns_ok, tmp_path):
+    """tests/netns.py: a KernelVtep with tcpdump capturing in it, and a HostPair."""
+    p = spawn(f"""
+from netns import Capture, HostPair, KernelVtep
+v = KernelVtep(vni=100, local="192.0.2.2", peer="192.0.2.1", local_mac="02:00:00:00:00:02",
+               peer_mac="02:00:00:00:00:01", overlay_mac="02:00:00:00:01:21", overlay_ip="10.0.0.21",
+               overlay_prefix=24, neighbours={{}}, fdb=[])
+cap = v.capture_wire({str(tmp_path / "wire.pcap")!r}).start()
+pair = HostPair("10.0.0.1", "10.0.0.2", "02:00:00:00:00:0a", "02:00:00:00:00:0b")
+ready(namespaces=[v.fab, v.kern, pair.a, pair.b], pids=[cap.proc.pid])
+wait_forever()
+""")
+    check_setup_and_teardown(p, signal.SIGTERM, ready(p))
+
+
+def test_the_ovs_oracle_leaves_no_daemon_or_directory():
+    """tests/ovs_oracle.py: its own ovsdb-server and ovs-vswitchd, their run directory."""
+    from ovs_oracle import missing_reason
+    why = missing_reason()
+    if why:
+        pytest.skip(why)
+    p = spawn("""
+from ovs_oracle import OvsOracle
+o = OvsOracle(["p1", "p2"]).start()
+ready(tmp=o.dir, pids=[q.pid for q in o.procs.values()])
+wait_forever()
+""")
+    info = ready(p)
+    assert len(info["pids"]) == 2, info
+    check_setup_and_teardown(p, signal.SIGTERM, info)
+
+
+def _tool_dir(tmp: str, prefix: str) -> str:
+    wait_for(lambda: any(n.startswith(prefix) for n in os.listdir(tmp)), f"the tool's {prefix}* directory")
+    return next(os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(prefix))
+
+
+def test_bench_replay_10m_leaves_no_temporary_directory(tmp_path):
+    """dpu bench replay-10m writes its capture and outputs (gigabytes at full size) into a
+    temporary directory: gone when the bench is stopped in the middle."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = spawn("", argv=[sys.executable, "-m", "dpu.cli", "bench", "replay-10m", "--packets", "1000000", "--repeat",
+                        "3"], TMPDIR=str(tmp))
+    d = _tool_dir(str(tmp), "dpu-bench-")
+    check_setup_and_teardown(p, signal.SIGTERM, {"tmp": d})
+
+
+def test_ct_dump_leaves_no_temporary_directory(tmp_path):
+    """dpu ct dump replays into a temporary directory. Its capture is a FIFO: the replay
+    waits for it, the signal arrives meanwhile and is acted on once the replay returns."""
+    from netns import write_pcap
+    from packets import PKT_UDP
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    fifo = tmp_path / "in.pcap"
+    os.mkfifo(fifo)
+    flows = tmp_path / "flows"
+    flows.write_text("table=0,priority=1,ip,actions=ct(commit,zone=1)\n")
+    write_pcap(str(tmp_path / "one.pcap"), [bytes(PKT_UDP)])
+    p = spawn("", argv=[sys.executable, "-m", "dpu.cli", "ct", "dump", "--flows", str(flows), "--in",
+                        f"p1={fifo}"], TMPDIR=str(tmp))
+    d = _tool_dir(str(tmp), "dpu-ct-")
+    assert os.path.isdir(d)
+    p.send_signal(signal.SIGTERM)
+    with open(fifo, "wb") as f:  # the replay, and with it the signal's handler, can go on
+        f.write((tmp_path / "one.pcap").read_bytes())
+    rc, out, err = finish(p)
+    assert rc == -signal.SIGTERM, err
+    assert not os.path.exists(d)
