@@ -3,7 +3,7 @@
 
     sudo python3 bench/live_bench.py [--scenarios live-l3,live-vxlan,live-snat] [--io afpacket,afxdp]
                                      [--flows 1000,100000] [--repeat 3] [--burst N] [--kernel-rx gen|dut]
-                                     [--json]
+                                     [--json] [--hold]
 
 Builds the namespaces (dpu.livebench), measures the raw ceiling (a sendmmsg
 blaster into a veth, a TPACKET_V3 receiver that only counts), dpu's forwarded
@@ -16,6 +16,12 @@ ratios the targets are stated in:
 
     dpu / raw ceiling >= 0.8;  dpu (afpacket) / OVS (afpacket) >= 3;
     dpu (afxdp) / OVS (afxdp) >= 1;  dpu 2 workers / 1 worker >= 1.6
+
+--hold sets up the first scenario's rig with dpu (the first --io and --workers)
+and, unless --no-ovs, Open vSwitch, prints one JSON line saying where they are
+(namespaces, temporary directory, process ids) and waits. Whenever the run
+ends, by its end, SIGTERM, SIGINT (exit status 130) or SIGHUP, the namespaces,
+the processes in them and the temporary directory are removed.
 """
 import argparse
 import json
@@ -24,7 +30,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from dpu.livebench import LIVE_SCENARIOS, render, run_live  # noqa: E402
+from dpu.livebench import LIVE_SCENARIOS, hold, render, run_live  # noqa: E402
 
 
 def main() -> int:
@@ -40,7 +46,14 @@ def main() -> int:
                          "generator's CPU (default) or in a NAPI thread on the device's (dpu.livebench)")
     ap.add_argument("--no-ovs", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--hold", action="store_true",
+                    help="set up the first scenario's rig and devices, print where they are, wait for a signal")
     a = ap.parse_args()
+    if a.hold:
+        hold(a.scenarios.split(",")[0], io=a.io.split(",")[0], workers=int(a.workers.split(",")[0]),
+             ovs=not a.no_ovs, kernel_rx=a.kernel_rx, burst=a.burst,
+             ready=lambda info: print(json.dumps(info, sort_keys=True), flush=True))
+        return 0
     results = []
     for name in a.scenarios.split(","):
         # dpu with each backend and worker count, then Open vSwitch, all on one rig and
@@ -75,4 +88,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # the rig is gone already (dpu.cleanup ran before this was raised)
+        sys.exit(130)

@@ -16,13 +16,12 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import _core, gen, report
+from . import _core, cleanup, gen, report
 from .dataplane import Dataplane
 
 PACKET_SIZE = 64
@@ -561,7 +560,8 @@ def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool 
 
 
 def _replay_10m(packets: int, repeat: int, progress: Optional[Progress] = None) -> dict:
-    tmp = tempfile.mkdtemp(prefix="dpu-bench-")
+    tmp_dir = cleanup.TempDir(prefix="dpu-bench-")  # gigabytes: removed on SIGTERM/SIGINT too
+    tmp = tmp_dir.path
     try:
         dp, _, _, info = _l3(1000)
         src = os.path.join(tmp, "in.pcap")
@@ -598,7 +598,7 @@ def _replay_10m(packets: int, repeat: int, progress: Optional[Progress] = None) 
                 "ns_per_packet": round(1e9 / med, 2), "runs_mpps": [round(r / 1e6, 3) for r in rates],
                 "gen_seconds": round(gen_s, 3), "target_mpps": TARGETS_MPPS["replay-10m"]}
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp_dir.remove()
 
 
 def render(res: dict) -> str:

@@ -14,6 +14,7 @@ import tempfile
 import time
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+from . import cleanup
 from .errors import DpuError, DpuIOError, InvalidArgumentError, from_os_error, show_path
 
 
@@ -515,7 +516,7 @@ def cmd_ct(args) -> int:
     if args.out_dir:
         _refuse_overwrite(_replay_outputs(dp, args.out_dir), _given_inputs(args, inputs))
         _output_dir(args.out_dir)
-    with tempfile.TemporaryDirectory(prefix="dpu-ct-") as tmp:
+    with cleanup.TempDir(prefix="dpu-ct-") as tmp:  # removed on SIGTERM too
         dp.replay(inputs, args.out_dir or tmp)
     for c in dp.conntrack(zone=args.zone):
         print(c)

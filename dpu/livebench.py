@@ -30,6 +30,10 @@ work (receive livelock) and one that yields shares the core with it.
 
 Everything lives in namespaces this module creates (names dpub<pid>-*) and
 deletes; nothing is configured in the machine's own namespace. Needs root.
+The rig is removed however the process ends (dpu.cleanup): by close(), at
+exit, and on SIGTERM, SIGINT or SIGHUP, with every process running in its
+namespaces (dpu run, ovsdb-server, ovs-vswitchd, the traffic tools) and its
+temporary directory.
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ import tempfile
 import time
 from typing import List, Optional
 
-from . import _core
+from . import _core, cleanup
 from .errors import DpuError
 
 GEN_MAC, IN_MAC, OUT_MAC, SINK_MAC = "02:00:00:00:e0:01", "02:00:00:00:e0:02", "02:00:00:00:e0:03", "02:00:00:00:e0:04"
@@ -89,10 +93,15 @@ class Rig:
             raise BenchError("live benchmarks need root (network namespaces, AF_PACKET)")
         tag = f"dpub{os.getpid()}"
         self.ns = {k: f"{tag}-{k}" for k in ("gen", "dut", "sink")}
-        self.tmp = tempfile.mkdtemp(prefix="dpu-livebench-")
+        self.tmp: Optional[str] = None
+        # registered before anything exists, so that a signal from here on finds all of it
+        self._cleanup = cleanup.register(self._remove)
         try:
+            with cleanup.deferred():
+                self.tmp = tempfile.mkdtemp(prefix="dpu-livebench-")
             for ns in self.ns.values():
-                _sh("ip", "netns", "add", ns)
+                with cleanup.deferred():
+                    _sh("ip", "netns", "add", ns)
                 _sh("ip", "-n", ns, "link", "set", "lo", "up")
                 for scope in ("default", "all"):
                     _sh("ip", "netns", "exec", ns, "sysctl", "-q", "-w", f"net.ipv6.conf.{scope}.disable_ipv6=1",
@@ -123,9 +132,16 @@ class Rig:
         self.queues = n
 
     def close(self) -> None:
+        self._cleanup.run()
+
+    def _remove(self) -> None:
+        """Everything the rig made: the processes in its namespaces (dpu run, ovsdb-server,
+        ovs-vswitchd, the traffic tools), the namespaces, the temporary directory. Run by
+        close(), or by dpu.cleanup on SIGTERM, SIGINT or an exit that skipped close()."""
         for ns in self.ns.values():
-            _sh("ip", "netns", "del", ns, check=False)
-        shutil.rmtree(self.tmp, ignore_errors=True)
+            cleanup.netns_remove(ns)
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> "Rig":
         return self
@@ -135,6 +151,11 @@ class Rig:
 
     def exec(self, where: str, *args: str) -> List[str]:
         return ["ip", "netns", "exec", self.ns[where], *args]
+
+    def spawn(self, where: str, args: List[str], **kw) -> subprocess.Popen:
+        """args started in namespace `where`, ended with it (close()) or, should this process die
+        without closing the rig (SIGKILL), by the kernel (cleanup.die_with_parent)."""
+        return subprocess.Popen(self.exec(where, *args), preexec_fn=cleanup.die_with_parent, **kw)
 
     def pinned(self, cpus: List[int], *args: str) -> List[str]:
         """args run on `cpus` only (taskset), or anywhere when there is no CPU to spare."""
@@ -163,17 +184,15 @@ class Rig:
         return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
 
     def blaster(self, pcap: str, seconds: float) -> subprocess.Popen:
-        return subprocess.Popen(self.exec("gen", *self.pinned(self.gen_cpus, sys.executable, "-m", "dpu.traffic",
-                                                              "blast", "--if", "g0", "--pcap", pcap, "--seconds",
-                                                              str(seconds))),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return self.spawn("gen", self.pinned(self.gen_cpus, sys.executable, "-m", "dpu.traffic", "blast", "--if", "g0",
+                                             "--pcap", pcap, "--seconds", str(seconds)),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def raw_ceiling(self, pcap: str, seconds: float = MEASURE_S) -> dict:
         """Blaster into g0, a counting receiver on in0 (what one core reads from a veth)."""
-        counter = subprocess.Popen(self.exec("dut", *self.pinned(self.dut_pin(1), sys.executable, "-m", "dpu.traffic",
-                                                                 "count", "--if", "in0", "--seconds",
-                                                                 str(seconds + WARM_S))),
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        counter = self.spawn("dut", self.pinned(self.dut_pin(1), sys.executable, "-m", "dpu.traffic", "count", "--if",
+                                                "in0", "--seconds", str(seconds + WARM_S)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(0.3)
         self.pin_kernel_rx()
         b = self.blaster(pcap, seconds + WARM_S)
@@ -300,9 +319,8 @@ class DpuRun:
                 f.write("\n".join(l3_flows() if scenario == "l3" else snat_flows()) + "\n")
             args += ["--flows", path]
         self.cpus = rig.dut_pin(workers)
-        self.proc = subprocess.Popen(rig.exec("dut", *rig.pinned(self.cpus, sys.executable, "-m", "dpu.cli", "run",
-                                                                 *args)),
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.proc = rig.spawn("dut", rig.pinned(self.cpus, sys.executable, "-m", "dpu.cli", "run", *args),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         said = []  # what it wrote before it stopped: the reason it did not start
         while True:
             line = self.proc.stderr.readline()
@@ -341,9 +359,9 @@ class OvsRun:
         self.env = dict(os.environ, OVS_RUNDIR=d, OVS_DBDIR=d, OVS_LOGDIR=d, OVS_SYSCONFDIR=d)
         db, sock = os.path.join(d, "conf.db"), os.path.join(d, "db.sock")
         _sh("ovsdb-tool", "create", db, "/usr/share/openvswitch/vswitch.ovsschema")
-        self.procs = [subprocess.Popen(rig.exec("dut", "ovsdb-server", db, f"--remote=punix:{sock}",
-                                                f"--unixctl={d}/ovsdb.ctl", f"--log-file={d}/ovsdb.log"),
-                                       env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+        self.procs = [rig.spawn("dut", ["ovsdb-server", db, f"--remote=punix:{sock}", f"--unixctl={d}/ovsdb.ctl",
+                                        f"--log-file={d}/ovsdb.log"],
+                                env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
         self._wait(lambda: os.path.exists(sock), "ovsdb-server")
         self.vsctl("--no-wait", "init")
         if rig.kernel_rx == "dut":
@@ -356,10 +374,9 @@ class OvsRun:
         if self.cpus:
             self.vsctl("--no-wait", "set", "Open_vSwitch", ".",
                        f"other_config:pmd-cpu-mask={sum(1 << c for c in self.cpus):#x}")
-        self.procs.append(subprocess.Popen(rig.exec("dut", *rig.pinned(self.cpus, "ovs-vswitchd", f"unix:{sock}",
-                                                                       f"--unixctl={d}/vswitchd.ctl",
-                                                                       f"--log-file={d}/vswitchd.log")),
-                                           env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.procs.append(rig.spawn("dut", rig.pinned(self.cpus, "ovs-vswitchd", f"unix:{sock}",
+                                                      f"--unixctl={d}/vswitchd.ctl", f"--log-file={d}/vswitchd.log"),
+                                    env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         self._wait(lambda: os.path.exists(f"{d}/vswitchd.ctl"), "ovs-vswitchd")
         self.vsctl("add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev")
         for p in ("in0", "out0"):
@@ -547,6 +564,28 @@ def run_live(name: str, repeat: int = 3, workers=(1, 2), io=("afpacket",), flows
     return out
 
 
+def hold(name: str, io: str = "afpacket", workers: int = 1, ovs: bool = True, kernel_rx: str = "gen",
+         burst: Optional[int] = None, ready=None) -> None:
+    """What run_live measures, set up and left running until a signal ends the process (which
+    removes it all: dpu.cleanup): the rig, ``dpu run`` (`io`, `workers`) and, with `ovs`, Open
+    vSwitch's daemons on the same ports (ports of type system). `ready(info)` is called once
+    they run, with where everything is: the namespaces, the temporary directory and the
+    processes' ids. For looking at a rig by hand, and for testing that a signal leaves
+    nothing behind."""
+    scenario = LIVE_SCENARIOS[name]
+    with Rig(queues=workers, kernel_rx=kernel_rx) as rig:
+        duts = [DpuRun(rig, scenario, workers, io, burst)]
+        if ovs:
+            duts.append(OvsRun(rig, scenario, "system"))
+        procs = [d.proc for d in duts if isinstance(d, DpuRun)] + [p for d in duts if isinstance(d, OvsRun)
+                                                                   for p in d.procs]
+        if ready:
+            ready({"scenario": name, "namespaces": sorted(rig.ns.values()), "tmp": rig.tmp,
+                   "pids": [p.pid for p in procs]})
+        while True:
+            signal.pause()
+
+
 def render(res: dict) -> str:
     if "error" in res:
         return f"{res['scenario']:<11} {res['dut']:<4} {res['io']:<8} flows={res['flows']}: {res['error']}"
@@ -562,5 +601,5 @@ def render(res: dict) -> str:
                if res.get("busy_ratio") else ""))
 
 
-__all__ = ["LIVE_SCENARIOS", "Rig", "DpuRun", "OvsRun", "run_live", "render", "BenchError"]
+__all__ = ["LIVE_SCENARIOS", "Rig", "DpuRun", "OvsRun", "run_live", "hold", "render", "BenchError"]
 

@@ -7,9 +7,11 @@
                                   (router 198.51.100.254, server 198.51.100.1)
 
 Every address lives in a namespace this lab creates (the machine's own network
-may use the same documentation ranges); `close()` deletes them all, which
-destroys every interface in them. dpu runs inside the dpu namespace and needs
-no address there. The VMs and remote endpoints have the MACs and addresses of
+may use the same documentation ranges); `close()` ends every process in them
+and deletes them all, which destroys every interface in them; so do an exit
+and SIGTERM, SIGINT or SIGHUP (dpu.cleanup), in the test process as in any
+tool that builds a lab. dpu runs inside the dpu namespace and needs no
+address there. The VMs and remote endpoints have the MACs and addresses of
 examples/nat-gateway.yaml; the topology is written with the lab's next hops.
 """
 from __future__ import annotations
@@ -25,7 +27,8 @@ import time
 
 import yaml
 
-from netns import _die_with_parent, ip, nsexec, sh, sysctl
+from dpu import cleanup
+from netns import ip, netns_add, nsexec, remove_namespaces, sh, sysctl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -60,6 +63,7 @@ class Lab:
         self.tmp = tmp
         self.ns = {k: f"{self.tag}-{k}" for k in ("dpu", "vm1", "vm2", "vm3", "vtep", "rblue", "rred", "inet")}
         self.procs: list[subprocess.Popen] = []
+        self._cleanup = cleanup.register(self._remove)  # before anything exists: a signal finds all of it
         try:
             self._build(underlay_mtu)
         except BaseException:
@@ -71,7 +75,7 @@ class Lab:
         self.underlay_mtu = underlay_mtu
         mtu = underlay_mtu - 50  # the overlay: what VXLAN leaves of the underlay's MTU
         for ns in self.ns.values():
-            sh("ip", "netns", "add", ns)
+            netns_add(ns)
             ip(ns, "link", "set", "lo", "up")
             _quiet(ns)
         d = self.ns["dpu"]
@@ -169,7 +173,8 @@ class Lab:
     def peer(self, where: str, *args: str) -> subprocess.Popen:
         """live_peer.py in a namespace; returns once it listens (servers) or at once (clients)."""
         p = subprocess.Popen(["ip", "netns", "exec", self.ns[where], sys.executable, PEER, *args],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=cleanup.die_with_parent)
         self.procs.append(p)
         if args[0] in ("sink", "udp-echo", "whoami"):
             line = p.stdout.readline()
@@ -211,13 +216,18 @@ class Lab:
         return r.stdout.strip()
 
     def close(self) -> None:
+        self._cleanup.run()
+        for p in self.procs:  # reaped, their pipes closed
+            with contextlib.suppress(Exception):
+                p.communicate(timeout=5)
+
+    def _remove(self) -> None:
+        """The processes this lab started and every other one in its namespaces, then the
+        namespaces: close(), or dpu.cleanup when the process ends without it."""
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
-            with contextlib.suppress(Exception):
-                p.communicate(timeout=5)
-        for ns in self.ns.values():
-            sh("ip", "netns", "del", ns, check=False)
+        remove_namespaces(*self.ns.values())
 
     def leftovers(self) -> list[str]:
         """This lab's namespaces that still exist."""
@@ -232,7 +242,7 @@ class Dpu:
         self.lab, self.ctl = lab, ctl
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", lab.ns["dpu"], sys.executable, "-m", "dpu.cli", "run", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=_die_with_parent)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=cleanup.die_with_parent)
         lab.procs.append(self.proc)
         self.stderr_lines: list[str] = []
         if wait:

@@ -13,8 +13,10 @@ aborted runs never collide:
   and nothing reaches the root namespace.
 
 Nothing here loads modules or touches the root namespace's links. Everything is torn down
-by `close()` (deleting a namespace destroys its links); `reap_stale()` removes namespaces
-left behind by runs whose process is gone.
+by `close()` (ending the processes in the namespaces, captures included, then deleting them,
+which destroys their links), and the same happens at exit and on SIGTERM, SIGINT or SIGHUP
+(dpu.cleanup); `reap_stale()` removes namespaces left behind by runs whose process is gone
+(killed by SIGKILL).
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ import socket
 import struct
 import subprocess
 import time
+
+from dpu import cleanup
 
 PREFIX = "dpui"                       # namespace names: dpui-<pid>-<n>-{fab,kern}
 _counter = itertools.count()
@@ -133,9 +137,10 @@ class HostPair:
         n = next(_counter)
         self.a, self.b = f"{PREFIX}-{os.getpid()}-{n}-fab", f"{PREFIX}-{os.getpid()}-{n}-kern"
         self.a_ip, self.b_ip = a_ip, b_ip
+        self._cleanup = cleanup.register(remove_namespaces, self.a, self.b)
         try:
             for ns in (self.a, self.b):
-                sh("ip", "netns", "add", ns)
+                netns_add(ns)
                 ip(ns, "link", "set", "lo", "up")
             sh("ip", "link", "add", "veth-a", "netns", self.a, "address", a_mac, "type", "veth",
                "peer", "name", "veth-b", "netns", self.b, "address", b_mac)
@@ -150,14 +155,24 @@ class HostPair:
             raise
 
     def close(self) -> None:
-        for ns in (self.a, self.b):
-            sh("ip", "netns", "del", ns, check=False)
+        self._cleanup.run()
 
     def __enter__(self) -> "HostPair":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def netns_add(ns: str) -> None:
+    """`ip netns add`: for a lab whose cleanup (registered before) removes `ns`."""
+    with cleanup.deferred():  # a signal meanwhile: acted on once the namespace exists (and is removed)
+        sh("ip", "netns", "add", ns)
+
+
+def remove_namespaces(*names: str) -> None:
+    for ns in names:
+        cleanup.netns_remove(ns)
 
 
 def pid_alive(pid: int) -> bool:
@@ -177,17 +192,9 @@ def reap_stale() -> list[str]:
     for line in sh("ip", "netns", "list", check=False).stdout.splitlines():
         m = re.match(rf"({PREFIX}-(\d+)-\d+-(?:fab|kern))\b", line)
         if m and int(m.group(2)) != os.getpid() and not pid_alive(int(m.group(2))):
-            for pid in sh("ip", "netns", "pids", m.group(1), check=False).stdout.split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGTERM)
-            sh("ip", "netns", "del", m.group(1), check=False)
+            cleanup.netns_remove(m.group(1))
             gone.append(m.group(1))
     return gone
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when the test process dies (PR_SET_PDEATHSIG)."""
-    _libc.prctl(1, signal.SIGTERM, 0, 0, 0)
 
 
 # ---- captures -----------------------------------------------------------------------------
@@ -245,7 +252,7 @@ class Capture:
         if self.bpf:
             cmd += [self.bpf]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=cleanup.die_with_parent)
         # tcpdump says "listening on IF" once the capture is active: only then send.
         deadline, err = time.monotonic() + timeout, b""
         while b"listening on" not in err:
@@ -313,6 +320,7 @@ class KernelVtep:
         self.local_mac, self.peer_mac = local_mac, peer_mac
         self.overlay_mac, self.overlay_ip = overlay_mac, overlay_ip
         self._send_sock: socket.socket | None = None
+        self._cleanup = cleanup.register(self._remove)
         try:
             self._build(overlay_prefix, neighbours, fdb, udpcsum, dstport)
         except BaseException:
@@ -321,8 +329,8 @@ class KernelVtep:
 
     def _build(self, prefix, neighbours, fdb, udpcsum, dstport):
         reap_stale()
-        sh("ip", "netns", "add", self.fab)
-        sh("ip", "netns", "add", self.kern)
+        netns_add(self.fab)
+        netns_add(self.kern)
         for ns in (self.fab, self.kern):
             # no stray IPv6 (router solicitations, MLD, DAD) unless the underlay needs it;
             # best effort when it is not needed (a kernel booted with ipv6.disable=1)
@@ -404,11 +412,13 @@ class KernelVtep:
         return j[0]["stats64"]
 
     def close(self) -> None:
+        self._cleanup.run()
+
+    def _remove(self) -> None:
         if self._send_sock is not None:
             self._send_sock.close()
             self._send_sock = None
-        for ns in (self.kern, self.fab):
-            sh("ip", "netns", "del", ns, check=False)
+        remove_namespaces(self.kern, self.fab)
 
     def __enter__(self) -> "KernelVtep":
         return self

@@ -25,11 +25,11 @@ would send) are spoken directly rather than through one process per packet: a
 packet costs well under a millisecond instead of ~15 ms.
 
 Both daemons are children of the test process (killed with it: PR_SET_PDEATHSIG),
-stopped by PID at the end, and the directory is removed.
+stopped by PID at the end, and the directory is removed: by ``stop()``, or at exit
+or on SIGTERM, SIGINT or SIGHUP of the process that started them (dpu.cleanup).
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -41,6 +41,8 @@ import subprocess
 import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from dpu import cleanup
 
 OVS_BINARIES = ("ovs-vswitchd", "ovsdb-server", "ovsdb-tool", "ovs-vsctl", "ovs-ofctl")
 SCHEMA_PATHS = ("/usr/share/openvswitch/vswitch.ovsschema", "/usr/local/share/openvswitch/vswitch.ovsschema")
@@ -59,13 +61,6 @@ def missing_reason() -> Optional[str]:
 
 def _which(b: str) -> str:
     return shutil.which(b) or f"/usr/sbin/{b}"
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class OvsError(RuntimeError):
@@ -177,7 +172,9 @@ class OvsOracle:
 
     def __init__(self, ports: Sequence[str]) -> None:
         self.ports = list(ports)
-        self.dir = tempfile.mkdtemp(prefix="dpu-ovs-")
+        with cleanup.deferred():
+            self.dir = tempfile.mkdtemp(prefix="dpu-ovs-")
+            self._cleanup = cleanup.register(self._stop)
         self.env = {**os.environ, "OVS_RUNDIR": self.dir, "OVS_DBDIR": self.dir, "OVS_LOGDIR": self.dir,
                     "OVS_SYSCONFDIR": self.dir}
         self.procs: Dict[str, subprocess.Popen] = {}
@@ -206,8 +203,9 @@ class OvsOracle:
 
     def _spawn(self, name: str, *args: str) -> None:
         log = open(os.path.join(self.dir, f"{name}.out"), "w")
-        self.procs[name] = subprocess.Popen([_which(name), *args], env=self.env, stdout=log, stderr=log,
-                                            preexec_fn=_die_with_parent, cwd=self.dir)
+        with cleanup.deferred():  # known to _stop before a signal is acted on
+            self.procs[name] = subprocess.Popen([_which(name), *args], env=self.env, stdout=log, stderr=log,
+                                                preexec_fn=cleanup.die_with_parent, cwd=self.dir)
         log.close()
 
     def _wait_for(self, path: str, what: str, timeout: float = 20.0) -> None:
@@ -265,6 +263,9 @@ class OvsOracle:
         return self
 
     def stop(self) -> None:
+        self._cleanup.run()
+
+    def _stop(self) -> None:
         for c in (self.ctl, self.of):
             if c is not None:
                 try:

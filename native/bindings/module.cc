@@ -5,14 +5,22 @@
 // and the GIL is released around everything that touches packets or tables.
 // C++ Status codes become dpu.errors exceptions here and only here
 // (raise_status, through dpu.errors.from_native: the one code-to-class mapping).
+//
+// Exit. Every GIL release goes through NativeCall, so that the interpreter's exit
+// is clean whatever other threads are doing (see "the exit gate" below).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <unistd.h>
 #include <x86intrin.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "../src/conntrack/ct_proto.h"
 #include "../src/dataplane.h"
@@ -26,7 +34,102 @@
 
 namespace py = pybind11;
 using namespace dpu;
-using DataplaneClass = py::class_<Dataplane>;
+
+namespace {
+
+// ---- the exit gate: calls in flight when the interpreter exits ---------------------------------
+// A thread in a call that released the GIL may still be there when the interpreter finalizes (a
+// daemon thread: Python does not wait for those). Taking the GIL back then, CPython ends it with
+// pthread_exit, whose unwinding stops at the noexcept destructor that was taking the GIL
+// (pybind11's gil_scoped_release): std::terminate, SIGABRT. And finalization may free what the call
+// is using. So:
+//   - every release is a NativeCall, counted in flight until it has the GIL back;
+//   - close_exit_gate, an atexit hook (run before finalization, by the thread that then finalizes),
+//     closes the gate and waits, GIL released, up to kExitWait for the calls in flight: one that
+//     ends meanwhile returns as usual (nothing finalizes while the gate waits);
+//   - once closed, any other thread starting a call, or ending one still running when the wait
+//     gave up (a long replay), is parked, GIL released, until the process ends: it never runs
+//     native code again and never takes the GIL back (CPython 3.14 hangs such threads the same way);
+//   - while such a call runs, the objects it may use (Dataplane, Replayer, Live) are not freed:
+//     ExitSafeDelete leaves them to the end of the process.
+// The finalizing thread itself goes on as before: atexit hooks and finalizers may still call in.
+struct ExitGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t in_flight = 0;      // NativeCalls not yet back with the GIL
+  bool closed = false;
+  std::thread::id finalizer;   // the thread that closed it
+};
+ExitGate* g_exit = new ExitGate;  // never freed: parked threads outlive static destruction
+constexpr std::chrono::seconds kExitWait{2};
+
+bool parks_here(const ExitGate& g) { return g.closed && std::this_thread::get_id() != g.finalizer; }
+
+[[noreturn]] void park_until_exit() {
+  for (;;) pause();
+}
+
+class NativeCall {
+ public:
+  NativeCall() {
+    bool park;
+    {
+      std::lock_guard<std::mutex> l(g_exit->mu);
+      park = parks_here(*g_exit);
+      if (!park) g_exit->in_flight++;
+    }
+    tstate_ = PyEval_SaveThread();
+    if (park) park_until_exit();
+  }
+  NativeCall(const NativeCall&) = delete;
+  NativeCall& operator=(const NativeCall&) = delete;
+  // noexcept(false): a call that passed the check below just as the gate gave up waiting may
+  // still be ended by pthread_exit while it takes the GIL; its unwinding must then pass.
+  ~NativeCall() noexcept(false) {
+    {
+      std::unique_lock<std::mutex> l(g_exit->mu);
+      if (parks_here(*g_exit)) {
+        if (--g_exit->in_flight == 0) g_exit->cv.notify_all();
+        l.unlock();
+        park_until_exit();
+      }
+    }
+    PyEval_RestoreThread(tstate_);
+    std::lock_guard<std::mutex> l(g_exit->mu);
+    if (--g_exit->in_flight == 0) g_exit->cv.notify_all();
+  }
+
+ private:
+  PyThreadState* tstate_;
+};
+
+void close_exit_gate() {
+  PyThreadState* ts = PyEval_SaveThread();
+  {
+    std::unique_lock<std::mutex> l(g_exit->mu);
+    g_exit->closed = true;
+    g_exit->finalizer = std::this_thread::get_id();
+    g_exit->cv.wait_for(l, kExitWait, [] { return g_exit->in_flight == 0; });
+  }
+  PyEval_RestoreThread(ts);
+}
+
+template <class T>
+struct ExitSafeDelete {
+  void operator()(T* p) const {
+    {
+      std::lock_guard<std::mutex> l(g_exit->mu);
+      if (g_exit->closed && g_exit->in_flight > 0) return;  // a call still running may use it
+    }
+    delete p;
+  }
+};
+template <class T>
+using ExitSafePtr = std::unique_ptr<T, ExitSafeDelete<T>>;
+
+}  // namespace
+
+using DataplaneClass = py::class_<Dataplane, ExitSafePtr<Dataplane>>;
 
 namespace {
 
@@ -233,7 +336,7 @@ py::dict apply_txn(Dataplane& dp, const py::list& add_ports, const std::vector<s
   TxnResult res;
   Status st;
   {
-    py::gil_scoped_release nogil;
+    NativeCall nogil;
     st = dp.apply(txn, &res);
   }
   check(st);
@@ -276,7 +379,7 @@ py::dict ct_key_dict(const CtKey& k) {
 py::list ct_dump(Dataplane& dp, int zone) {
   std::vector<Conntrack::Entry> v;
   {
-    py::gil_scoped_release nogil;
+    NativeCall nogil;
     const int64_t now = dp.conntrack().now(dp.now_ns());
     dp.conntrack().dump(zone, now, &v);  // live connections only; expiry is the workers' (housekeeping)
   }
@@ -367,7 +470,7 @@ void bind_conntrack(DataplaneClass& c) {
   c.def("ct_dump", &ct_dump, py::arg("zone") = -1)
       .def("ct_flush",
            [](Dataplane& dp, int zone) {
-             py::gil_scoped_release nogil;
+             NativeCall nogil;
              return dp.conntrack().flush(zone);
            },
            py::arg("zone") = -1)
@@ -376,7 +479,7 @@ void bind_conntrack(DataplaneClass& c) {
       .def("set_ct_config", &ct_config_set, py::arg("timeouts"), py::arg("max_connections"))
       .def("set_frag_nx_match",
            [](Dataplane& dp, bool on) {
-             py::gil_scoped_release nogil;
+             NativeCall nogil;
              dp.set_frag_nx_match(on);
            })
       .def("frag_nx_match", &Dataplane::frag_nx_match);
@@ -494,13 +597,13 @@ void bind_module_functions(py::module_& m) {
 
 // ---- the streaming pcap replayer ------------------------------------------------------------
 void bind_replayer(py::module_& m) {
-  py::class_<Replayer>(m, "Replayer")
+  py::class_<Replayer, ExitSafePtr<Replayer>>(m, "Replayer")
       .def("run",
            [](Replayer& r, uint64_t max_packets) {
              Status st;
              bool more;
              {
-               py::gil_scoped_release nogil;
+               NativeCall nogil;
                more = r.run(max_packets, &st);
              }
              if (!st.ok()) {
@@ -520,19 +623,19 @@ void bind_replayer(py::module_& m) {
 
 // ---- live mode: worker threads on Linux interfaces --------------------------------------------
 void bind_live(py::module_& m, DataplaneClass& c) {
-  py::class_<LiveRunner>(m, "Live")
+  py::class_<LiveRunner, ExitSafePtr<LiveRunner>>(m, "Live")
       .def("start",
            [](LiveRunner& r) {
              Status st;
              {
-               py::gil_scoped_release nogil;
+               NativeCall nogil;
                st = r.start();
              }
              check(st);
            })
       .def("stop",
            [](LiveRunner& r) {
-             py::gil_scoped_release nogil;
+             NativeCall nogil;
              r.stop();
            })
       .def_property_readonly("running", &LiveRunner::running)
@@ -563,7 +666,7 @@ void bind_live(py::module_& m, DataplaneClass& c) {
         cfg.burst = std::max<uint32_t>(1, std::min<uint32_t>(burst, kBatchMax));
         cfg.idle_ms = idle_ms;
         cfg.first_worker = first_worker;
-        return std::make_unique<LiveRunner>(&dp, std::move(cfg));
+        return ExitSafePtr<LiveRunner>(new LiveRunner(&dp, std::move(cfg)));
       },
       py::arg("ports"), py::arg("io") = "afpacket", py::arg("burst") = kDefaultBurst, py::arg("idle_ms") = 1,
       py::arg("first_worker") = 0, py::arg("drops_pcap") = "",
@@ -586,7 +689,7 @@ void bind_traffic(py::module_& m) {
         TrafficResult r;
         Status st;
         {
-          py::gil_scoped_release nogil;
+          NativeCall nogil;
           st = blast(ifname, reinterpret_cast<const uint8_t*>(data.data()), off, ln, n, seconds, rate_pps, &r);
         }
         check(st);
@@ -600,7 +703,7 @@ void bind_traffic(py::module_& m) {
         TrafficResult r;
         Status st;
         {
-          py::gil_scoped_release nogil;
+          NativeCall nogil;
           st = count_rx(ifname, seconds, &r);
         }
         check(st);
@@ -681,7 +784,7 @@ void bind_control(DataplaneClass& c) {
              std::vector<FlowDump> v;
              Status st;
              {
-               py::gil_scoped_release nogil;
+               NativeCall nogil;
                st = dp.dump_flows(sel, strict, &v);
              }
              check(st);
@@ -695,7 +798,7 @@ void bind_control(DataplaneClass& c) {
            [](Dataplane& dp) {
              std::vector<GroupDump> v;
              {
-               py::gil_scoped_release nogil;
+               NativeCall nogil;
                v = dp.dump_groups();
              }
              py::list l;
@@ -706,7 +809,7 @@ void bind_control(DataplaneClass& c) {
            [](Dataplane& dp) {
              std::vector<MegaflowRow> v;
              {
-               py::gil_scoped_release nogil;
+               NativeCall nogil;
                v = dump_megaflows(dp);
              }
              py::list l;
@@ -718,7 +821,7 @@ void bind_control(DataplaneClass& c) {
           [](Dataplane& dp, bool sync) {
             std::vector<std::array<uint64_t, 3>> v;
             {
-              py::gil_scoped_release nogil;
+              NativeCall nogil;
               dp.table_counters(&v, sync);
             }
             return v;
@@ -732,7 +835,7 @@ void bind_counters(DataplaneClass& c) {
            [](Dataplane& dp) {
              Totals t;
              {
-               py::gil_scoped_release nogil;
+               NativeCall nogil;
                t = dp.totals();
              }
              py::dict d;
@@ -765,7 +868,7 @@ void bind_trace(DataplaneClass& c) {
              TraceResult tr;
              Status st;
              {
-               py::gil_scoped_release nogil;
+               NativeCall nogil;
                st = dp.trace(reinterpret_cast<const uint8_t*>(s.data()), s.size(), in_port, &tr);
              }
              check(st);
@@ -830,7 +933,7 @@ void bind_packets(DataplaneClass& c) {
              MemOutput out;
              Status st;
              {
-               py::gil_scoped_release nogil;
+               NativeCall nogil;
                st = process_buffers(&dp, reinterpret_cast<const uint8_t*>(buf.data()), off, ln, pt, tsp, n, &out, worker);
              }
              check(st);
@@ -886,7 +989,7 @@ void bind_packets(DataplaneClass& c) {
              }
              BenchStats bs;
              {
-               py::gil_scoped_release nogil;
+               NativeCall nogil;
                bs = bench_run(&dp, reinterpret_cast<const uint8_t*>(buf.data()), off, ln, pt, n, total, burst, &bc);
              }
              if (bc.on) return py::tuple(py::make_tuple(bs.packets, bs.seconds, bc.checked, bc.wrong));
@@ -899,10 +1002,10 @@ void bind_packets(DataplaneClass& c) {
               const std::string& drops_pcap) {
              std::vector<ReplayInput> in;
              for (const auto& i : inputs) in.push_back({i.first, i.second});
-             auto r = std::make_unique<Replayer>(&dp, std::move(in), out_dir, drops_pcap);
+             ExitSafePtr<Replayer> r(new Replayer(&dp, std::move(in), out_dir, drops_pcap));
              Status st;
              {
-               py::gil_scoped_release nogil;
+               NativeCall nogil;
                st = r->open();
              }
              check(st);
@@ -911,25 +1014,25 @@ void bind_packets(DataplaneClass& c) {
            py::arg("inputs"), py::arg("out_dir"), py::arg("drops_pcap") = "", py::keep_alive<0, 1>())
       .def("set_profile",
            [](Dataplane& dp, bool on) {
-             py::gil_scoped_release nogil;
+             NativeCall nogil;
              std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_profile(on);
            })
       .def("set_emc_insert_inv_prob",
            [](Dataplane& dp, uint32_t n) {
-             py::gil_scoped_release nogil;
+             NativeCall nogil;
              std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_emc_insert_inv_prob(n);
            })
       .def("set_fast_tunnel",
            [](Dataplane& dp, bool on) {
-             py::gil_scoped_release nogil;
+             NativeCall nogil;
              std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_fast_tunnel(on);
            })
       .def("set_max_megaflows",
            [](Dataplane& dp, size_t n) {
-             py::gil_scoped_release nogil;
+             NativeCall nogil;
              std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_max_megaflows(n);
            })
@@ -944,6 +1047,10 @@ void bind_packets(DataplaneClass& c) {
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "dpu native core (see native/ and DESIGN.md)";
+  py::module_::import("atexit").attr("register")(py::cpp_function(&close_exit_gate));
+  // a forked child has only the forking thread: no call in flight, and a mutex some other thread
+  // may have held at the fork
+  pthread_atfork(nullptr, nullptr, [] { g_exit = new ExitGate; });
   bind_module_functions(m);
   bind_replayer(m);
   DataplaneClass dp(m, "Dataplane");
