@@ -584,6 +584,13 @@ void bind_live(py::module_& m, DataplaneClass& c) {
           d["rx_truncated"] = q.c.rx_truncated;
           d["tx_refused"] = q.c.tx_refused;
           d["link_errors"] = q.c.link_errors;
+          py::list refused;  // super-frames it could not cut, by kind: (what they are, ethtool features to turn off)
+          for (uint32_t b = 0; b < kOffloadKinds; b++)
+            if (q.c.offload_kinds & (1u << b)) {
+              const OffloadFix fx = offload_fix(1u << b);
+              refused.append(py::make_tuple(fx.what, fx.features));
+            }
+          d["unsupported_offloads"] = refused;
           out.append(d);
         }
         return out;
