@@ -163,6 +163,7 @@ class Instance:
         self._stop = threading.Event()
         self._signals: List[int] = []
         self._old_handlers: Optional[dict] = None
+        self._offloads_told: set = set()       # (interface, what) already logged
 
     # ---- before anything runs ------------------------------------------------------
     def open(self) -> None:
@@ -267,10 +268,43 @@ class Instance:
         self.trap_signals()
         try:
             while not self._stop.wait(0.5):
-                pass
+                self.tell_offloads()
         finally:
             self.release_signals()
         return self._signals[0] if self._signals else 0
+
+    def tell_offloads(self) -> None:
+        """One line per interface and kind of frame a sender's offloads left for dpu that it
+        cannot finish (the fast path never logs; the workers count, this reads):
+        - AF_PACKET: super-frames of a kind dpu cannot cut (offload_unsupported drops);
+        - AF_XDP on a virtual interface: VXLAN frames with unfinished checksums
+          (vxlan_bad_checksum), which a Linux sender behind a veth leaves to offload and XDP
+          sees before the kernel would finish them (docs/live.md, "Offloads").
+        Each names what to turn off on the device that sends them."""
+        import sys
+
+        def tell(ifname: str, what: str, text: str) -> None:
+            if (ifname, what) not in self._offloads_told:
+                self._offloads_told.add((ifname, what))
+                print(f"dpu: warning: interface {ifname} {text}", file=sys.stderr, flush=True)
+
+        for q in self.interface_stats():
+            for what, features in q.get("unsupported_offloads", ()):
+                off = " ".join(f"{f} off" for f in features.split())
+                tell(q["ifname"], what, f"receives {what}, which dpu cannot cut (dropped: offload_unsupported); "
+                     f"on the device that sends them (a veth's peer): ethtool -K DEV {off}")
+        if self.opts.io != "afxdp":
+            return
+        ports = None
+        for name, ifname in self.attached.items():
+            if (ifname, "xdp") in self._offloads_told or not os.path.exists(f"/sys/devices/virtual/net/{ifname}"):
+                continue
+            ports = ports if ports is not None else self.dp.stats()["ports"]
+            if ports.get(name, {}).get("drops", {}).get("vxlan_bad_checksum"):
+                tell(ifname, "xdp", "(AF_XDP) receives VXLAN frames with unfinished checksums (dropped: "
+                     "vxlan_bad_checksum): XDP sees a frame before the kernel finishes what a sender behind "
+                     "this virtual interface left to offload; on that device (a veth's peer): ethtool -K DEV tx off "
+                     "(or --io afpacket, which finishes them)")
 
     def release_signals(self) -> None:
         for s, h in (self._old_handlers or {}).items():

@@ -28,6 +28,7 @@
 #include "dpu/mem.h"
 #include "../src/live.h"
 #include "../src/merge_runs.h"
+#include "../src/ports/gso.h"
 #include "../src/ports/traffic.h"
 #include "../src/runner.h"
 #include "dpu/ofparse.h"
@@ -524,6 +525,41 @@ void bind_module_functions(py::module_& m) {
     }
     return mismatches;
   });
+  m.def("selftest_gso", [](py::bytes vnet_and_frame, uint32_t mtu, uint32_t room, uint32_t pool_size) {
+    // The AF_PACKET queue's cold path without a socket: a virtio_net_hdr and
+    // the frame after it, as PACKET_VNET_HDR hands them over, through
+    // decode_vnet and GsoCutter, `room` segments at a time from a pool of
+    // `pool_size` packets (both small: a cut that spans bursts, as the queue's
+    // does). Returns (frames out, "" or the name of the kind that refused it).
+    const std::string in = vnet_and_frame;
+    if (in.size() < sizeof(VnetHdr) + 14 || in.size() > 65536 + sizeof(VnetHdr))
+      throw py::value_error("selftest_gso: a 10-byte virtio_net_hdr and a frame of 14..65536 bytes");
+    VnetHdr vh;
+    std::memcpy(&vh, in.data(), sizeof vh);
+    const auto* f = reinterpret_cast<const uint8_t*>(in.data()) + sizeof vh;
+    const uint32_t n = static_cast<uint32_t>(in.size() - sizeof vh);
+    const FrameOffload off = decode_vnet(vh, 0);
+    PacketPool pool(std::max<uint32_t>(pool_size, 1), std::max<uint32_t>(pool_size, 1));
+    std::vector<Packet*> pkts(std::max<uint32_t>(room, 1));
+    py::list out;
+    GsoCutter cut;
+    const uint32_t why = cut.start(f, n, off, mtu);
+    if (why == GsoCutter::kNone) {  // as it came, its checksum finished
+      std::vector<uint8_t> d(f, f + n);
+      finish_partial(d.data(), n, off.csum_start, off.csum_offset);
+      out.append(py::bytes(reinterpret_cast<const char*>(d.data()), n));
+    } else if (why == 0) {
+      while (cut.busy()) {
+        const uint32_t k = cut.take(pool, pkts.data(), static_cast<uint32_t>(pkts.size()));
+        if (!k) throw std::runtime_error("selftest_gso: no progress");
+        for (uint32_t i = 0; i < k; i++) {
+          out.append(py::bytes(reinterpret_cast<const char*>(pkts[i]->data()), pkts[i]->len));
+          pool.put(pkts[i]);
+        }
+      }
+    }
+    return py::make_tuple(out, why && why != GsoCutter::kNone ? offload_fix(why).name : "");
+  }, py::arg("vnet_and_frame"), py::arg("mtu") = 1500, py::arg("room") = kBatchMax, py::arg("pool_size") = 64);
   m.def("selftest_ct_tcp", [](uint64_t iterations, uint64_t seed) {
     uint64_t fast = 0, refused = 0;
     const uint64_t mismatches = ct_tcp_selftest(iterations, seed, &fast, &refused);
@@ -651,6 +687,13 @@ void bind_live(py::module_& m, DataplaneClass& c) {
           d["rx_truncated"] = q.c.rx_truncated;
           d["tx_refused"] = q.c.tx_refused;
           d["link_errors"] = q.c.link_errors;
+          py::list refused;  // super-frames it could not cut, by kind: (what they are, ethtool features to turn off)
+          for (uint32_t b = 0; b < kOffloadKinds; b++)
+            if (q.c.offload_kinds & (1u << b)) {
+              const OffloadFix fx = offload_fix(1u << b);
+              refused.append(py::make_tuple(fx.what, fx.features));
+            }
+          d["unsupported_offloads"] = refused;
           out.append(d);
         }
         return out;

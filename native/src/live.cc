@@ -149,6 +149,7 @@ std::vector<LiveQueueStats> LiveRunner::queue_stats() const {
         s.c.rx_truncated += __atomic_load_n(&c.rx_truncated, __ATOMIC_RELAXED);
         s.c.tx_refused += __atomic_load_n(&c.tx_refused, __ATOMIC_RELAXED);
         s.c.link_errors += __atomic_load_n(&c.link_errors, __ATOMIC_RELAXED);
+        s.c.offload_kinds |= __atomic_load_n(&c.offload_kinds, __ATOMIC_RELAXED);
       }
     }
     out.push_back(s);

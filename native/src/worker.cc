@@ -121,20 +121,20 @@ uint32_t Worker::receive(RxQueue& q, uint32_t max, PortSink* sink) {
     sink_ = prev;
   }
   // After the burst they arrived in (the queue does not say where in it).
-  for (const RxReject& r : q.rejects) count_oversize(r.port, r.len);
+  for (const RxReject& r : q.rejects) count_reject(r);
   q.rejects.clear();
   return taken;
 }
 
-void Worker::count_oversize(uint32_t port, uint32_t len) {
-  ports.grow(port + 1);
-  PortCounters& pc = ports[port];
+void Worker::count_reject(const RxReject& r) {
+  ports.grow(r.port + 1);
+  PortCounters& pc = ports[r.port];
   pc.rx_packets++;
-  pc.rx_bytes += len;
+  pc.rx_bytes += r.len;
   pc.dropped++;
-  pc.drops[DROP_OVERSIZE]++;
+  pc.drops[r.reason]++;
   // No buffer ever held it: its length only, timestamped as its burst's newest.
-  if (drop_sink_) drop_sink_->dropped(port, max_ts_, nullptr, 0, len, DROP_OVERSIZE);
+  if (drop_sink_) drop_sink_->dropped(r.port, max_ts_, nullptr, 0, r.len, r.reason);
 }
 
 void Worker::dump_megaflows(std::vector<MegaflowDump>* out) {

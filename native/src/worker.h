@@ -341,7 +341,7 @@ class Worker {
   void ct_run_pass(Packet* p, Megaflow* mf, const Flow& key, std::vector<Packet*>& next);  // its counts and actions
   void ct_run_actions(Packet* p, Megaflow* mf, const Flow& key, std::vector<Packet*>& next);  // the actions alone
   void drop(Packet* p, uint16_t reason);
-  void count_oversize(uint32_t port, uint32_t len);
+  void count_reject(const RxReject& r);  // a frame the queue refused (oversize, offload_unsupported)
   Packet* copy(Packet* p);
   void count_drop(uint32_t origin, uint16_t reason);  // per port and tenant, by arrival slot
   void flush_tx(bool sort);

@@ -23,59 +23,10 @@ namespace dpu {
 
 namespace {
 
-// linux/virtio_net.h's struct virtio_net_hdr (that header is not C++-clean):
-// what PACKET_VNET_HDR puts before each frame, in host byte order.
-struct VnetHdr {
-  uint8_t flags;
-  uint8_t gso_type;
-  uint16_t hdr_len, gso_size, csum_start, csum_offset;
-};
-static_assert(sizeof(VnetHdr) == 10, "virtio_net_hdr is 10 bytes");
-constexpr uint8_t kVnetNeedsCsum = 1, kGsoTcpV4 = 1, kGsoTcpV6 = 4, kGsoEcn = 0x80;
-
 Status sys_error(const std::string& ifname, const char* what, int err) {
   std::string msg = "interface " + ifname + ": " + what + ": " + std::strerror(err);
   if (err == EPERM || err == EACCES) msg += " (needs root or CAP_NET_RAW)";
   return Status::Error(Err::IO, msg);
-}
-
-// Finishes a TCP/UDP checksum the sender left for offload (the kernel marks
-// such frames TP_STATUS_CSUMNOTREADY): what a NIC would have put on the wire.
-void finish_checksum(uint8_t* d, uint32_t n) {
-  uint32_t off = 12;
-  uint16_t type = be16(load16(d + off));
-  off += 2;
-  if ((type == kEthVlan || type == kEthQinQ) && n >= 18) {
-    type = be16(load16(d + 16));
-    off = 18;
-  }
-  uint8_t* ip = d + off;
-  uint8_t proto;
-  uint32_t l4_off, l4_len;
-  uint64_t pseudo;
-  if (type == kEthIp && n >= off + 20) {
-    uint32_t ihl = (ip[0] & 15u) * 4, tot = be16(load16(ip + 2));
-    if (ihl < 20 || tot < ihl || off + tot > n) return;
-    proto = ip[9];
-    l4_off = off + ihl;
-    l4_len = tot - ihl;
-    pseudo = pseudo_sum_v4(ip + 12, ip + 16, proto, l4_len);
-  } else if (type == kEthIpv6 && n >= off + 40) {
-    proto = ip[6];  // no extension headers in offloaded frames
-    l4_off = off + 40;
-    l4_len = be16(load16(ip + 4));
-    if (l4_off + l4_len > n) return;
-    pseudo = pseudo_sum_v6(ip + 8, ip + 24, proto, l4_len);
-  } else {
-    return;
-  }
-  uint32_t at = proto == kIpTcp ? 16 : proto == kIpUdp ? 6 : 0;
-  if (!at || l4_len < at + 2) return;
-  uint8_t* l4 = d + l4_off;
-  store16(l4 + at, 0);
-  uint16_t c = csum(l4, l4_len, pseudo);
-  if (proto == kIpUdp && c == 0) c = 0xffff;
-  store16(l4 + at, c);
 }
 
 void ethtool_set(int fd, const std::string& ifname, uint32_t cmd, uint32_t value) {
@@ -232,74 +183,6 @@ void AfPacketQueue::release_block() {
   left_ = 0;
 }
 
-uint32_t AfPacketQueue::segment(const uint8_t* f, uint32_t n, uint32_t gso_size, uint64_t ts, PacketPool& pool,
-                                Packet** pkts, uint32_t room) {
-  uint32_t l2 = 14;
-  uint16_t type = be16(load16(f + 12));
-  if (type == kEthVlan || type == kEthQinQ) {
-    if (n < 18) return 0;
-    l2 = 18;
-    type = be16(load16(f + 16));
-  }
-  const uint8_t* ip = f + l2;
-  uint32_t iphl, ip_len;
-  if (type == kEthIp && n >= l2 + 20) {
-    iphl = (ip[0] & 15u) * 4;
-    ip_len = be16(load16(ip + 2));
-    if (ip[9] != kIpTcp || iphl < 20 || (be16(load16(ip + 6)) & 0x3fff)) return 0;  // not TCP, or a fragment
-  } else if (type == kEthIpv6 && n >= l2 + 40) {
-    iphl = 40;
-    ip_len = 40 + be16(load16(ip + 4));
-    if (ip[6] != kIpTcp) return 0;
-  } else {
-    return 0;
-  }
-  if ((!gso_size && ip_len <= mtu_) || l2 + ip_len > n || ip_len < iphl + 20) return 0;
-  const uint8_t* tcp = ip + iphl;
-  const uint32_t thl = (tcp[12] >> 4) * 4u;
-  if (thl < 20 || iphl + thl >= ip_len || (!gso_size && iphl + thl + 8 > mtu_)) return 0;
-  const uint32_t hl = l2 + iphl + thl, payload = ip_len - iphl - thl;
-  const uint32_t mss = gso_size ? gso_size : mtu_ - iphl - thl;
-  const uint32_t k = (payload + mss - 1) / mss;
-  if (k > room) return kNoRoom;
-  const uint32_t seq0 = be32(load32(tcp + 4));
-  const uint16_t id0 = type == kEthIp ? be16(load16(ip + 4)) : 0;
-  for (uint32_t i = 0; i < k; i++) {
-    const uint32_t off = i * mss, len = std::min(mss, payload - off);
-    Packet* p = pool.get_for(hl + len);
-    if (!p) {
-      for (uint32_t j = 0; j < i; j++) pool.put(pkts[j]);
-      return kNoRoom;
-    }
-    uint8_t* d = p->data();
-    std::memcpy(d, f, hl);
-    std::memcpy(d + hl, f + hl + off, len);
-    uint8_t* sip = d + l2;
-    uint8_t* st = sip + iphl;
-    uint64_t pseudo;
-    if (type == kEthIp) {
-      store16(sip + 2, be16(static_cast<uint16_t>(iphl + thl + len)));
-      store16(sip + 4, be16(static_cast<uint16_t>(id0 + i)));
-      store16(sip + 10, 0);
-      store16(sip + 10, csum(sip, iphl));
-      pseudo = pseudo_sum_v4(sip + 12, sip + 16, kIpTcp, thl + len);
-    } else {
-      store16(sip + 4, be16(static_cast<uint16_t>(thl + len)));
-      pseudo = pseudo_sum_v6(sip + 8, sip + 24, kIpTcp, thl + len);
-    }
-    store32(st + 4, be32(seq0 + off));
-    if (i + 1 < k) st[13] &= static_cast<uint8_t>(~0x09);  // FIN, PSH: the last segment's
-    if (i > 0) st[13] &= static_cast<uint8_t>(~0x80);      // CWR: the first segment's
-    store16(st + 16, 0);
-    store16(st + 16, csum(st, thl + len, pseudo));
-    p->len = static_cast<uint16_t>(hl + len);
-    p->md.in_port = ofport_;
-    p->md.timestamp_ns = ts;
-    pkts[i] = p;
-  }
-  return k;
-}
-
 uint32_t AfPacketQueue::rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, uint32_t cap) {
   uint32_t got = 0, frames = 0;
   while (frames < max && got < cap) {
@@ -310,53 +193,27 @@ uint32_t AfPacketQueue::rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, 
     const bool tagged = (h->tp_status & TP_STATUS_VLAN_VALID) != 0;
     const uint32_t need = len + (tagged ? 4 : 0);
     const uint64_t ts = static_cast<uint64_t>(h->tp_sec) * 1000000000ull + h->tp_nsec;
-    uint32_t gso = 0;
-    int cs_start = -1, cs_off = 0;
+    FrameOffload off;
     if (vnet_) {
       VnetHdr vh;
       std::memcpy(&vh, frame - sizeof vh, sizeof vh);
-      const uint8_t g = vh.gso_type & static_cast<uint8_t>(~kGsoEcn);
-      if (g == kGsoTcpV4 || g == kGsoTcpV6) gso = vh.gso_size;
-      if (vh.flags & kVnetNeedsCsum) {
-        cs_start = vh.csum_start + (tagged ? 4 : 0);
-        cs_off = vh.csum_offset;
-      }
+      off = decode_vnet(vh, tagged ? 4 : 0);
     } else if (h->tp_status & TP_STATUS_CSUMNOTREADY) {
-      cs_start = -2;  // somewhere: at the L4 header
+      off.csum_start = -2;  // somewhere: at the L4 header
     }
     bool taken = true;
     if (h->tp_snaplen < h->tp_len) {
       counters.rx_truncated++;
       rejects.push_back({ofport_, h->tp_len});
-    } else if (gso || (!vnet_ && need > mtu_ + (tagged ? 18u : 14u))) {  // a super-frame (or just too long)
-      const uint8_t* f = frame;
-      if (tagged) {
-        scratch_.resize(need);
-        put_tag_back(scratch_.data(), frame, len, h);
-        f = scratch_.data();
-      }
-      uint32_t k = segment(f, need, gso, ts, pool, pkts + got, cap - got);
-      if (k == kNoRoom) {
-        taken = false;
-      } else if (k) {
-        got += k;
-      } else if (need > Packet::max_capacity()) {
-        counters.rx_truncated++;
-      rejects.push_back({ofport_, h->tp_len});
-      } else if (Packet* p = pool.get_for(need)) {  // not TCP: as it came (the port may refuse it)
-        std::memcpy(p->data(), f, need);
-        fill(p, need, ts, cs_start, cs_off);
-        pkts[got++] = p;
-      } else {
-        taken = false;
-      }
+    } else if (__builtin_expect(off.gso_type || (!vnet_ && need > mtu_ + (tagged ? 18u : 14u)), 0)) {
+      taken = rx_super(h, frame, need, off, ts, pool, pkts, cap, &got);  // a super-frame (or just too long)
     } else if (need > Packet::max_capacity()) {
       counters.rx_truncated++;
       rejects.push_back({ofport_, h->tp_len});
     } else if (Packet* p = pool.get_for(need)) {
       if (tagged) put_tag_back(p->data(), frame, len, h);
       else copy_frame(p->data(), frame, len);
-      fill(p, need, ts, cs_start, cs_off);
+      fill(p, need, ts, off);
       pkts[got++] = p;
     } else {
       taken = false;
@@ -370,17 +227,51 @@ uint32_t AfPacketQueue::rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, 
   return got;
 }
 
-void AfPacketQueue::fill(Packet* p, uint32_t len, uint64_t ts, int cs_start, int cs_off) {
+void AfPacketQueue::fill(Packet* p, uint32_t len, uint64_t ts, const FrameOffload& off) {
   p->len = static_cast<uint16_t>(len);
   p->md.in_port = ofport_;
   p->md.timestamp_ns = ts;
-  uint8_t* d = p->data();
-  if (cs_start >= 0 && static_cast<uint32_t>(cs_start + cs_off + 2) <= len) {
-    // the field holds the pseudo-header sum: summing from csum_start folds it in
-    store16(d + cs_start + cs_off, csum(d + cs_start, len - cs_start));
-  } else if (cs_start == -2) {
-    finish_checksum(d, len);
+  if (off.csum_start != -1) finish_partial(p->data(), len, off.csum_start, off.csum_offset);
+}
+
+__attribute__((noinline, cold)) bool AfPacketQueue::rx_super(const tpacket3_hdr* h, const uint8_t* frame,
+                                                             uint32_t need, const FrameOffload& off, uint64_t ts,
+                                                             PacketPool& pool, Packet** pkts, uint32_t cap,
+                                                             uint32_t* got) {
+  if (!cutter_.busy()) {  // a new frame (else: the one a previous burst began to cut)
+    const uint8_t* f = frame;
+    if (h->tp_status & TP_STATUS_VLAN_VALID) {
+      scratch_.resize(need);
+      put_tag_back(scratch_.data(), frame, h->tp_snaplen, h);
+      f = scratch_.data();
+    }
+    const uint32_t why = cutter_.start(f, need, off, mtu_);
+    if (why == GsoCutter::kNone) {  // nothing to cut: as it came (the port may refuse it)
+      if (need > Packet::max_capacity()) {
+        counters.rx_truncated++;
+        rejects.push_back({ofport_, h->tp_len});
+        return true;
+      }
+      Packet* p = pool.get_for(need);
+      if (!p) return false;
+      std::memcpy(p->data(), f, need);
+      fill(p, need, ts, off);
+      pkts[(*got)++] = p;
+      return true;
+    }
+    if (why) {
+      __atomic_fetch_or(&counters.offload_kinds, static_cast<uint64_t>(why), __ATOMIC_RELAXED);
+      rejects.push_back({ofport_, h->tp_len, DROP_OFFLOAD_UNSUPPORTED});
+      return true;
+    }
   }
+  const uint32_t k = cutter_.take(pool, pkts + *got, cap - *got);
+  for (uint32_t i = *got; i < *got + k; i++) {
+    pkts[i]->md.in_port = ofport_;
+    pkts[i]->md.timestamp_ns = ts;
+  }
+  *got += k;
+  return !cutter_.busy();
 }
 
 uint32_t AfPacketQueue::tx_burst(Packet* const* pkts, uint32_t n) {

@@ -23,13 +23,15 @@
 //
 // Offloads a local sender left undone: with PACKET_VNET_HDR the kernel says,
 // per frame, where a checksum is still to be filled in and whether the frame
-// is a TCP super-frame (a local stack handing a veth or tap a 64 KB segment
-// with segmentation offload on) and its segment size. Checksums are finished
-// and super-frames are cut into segments here, as the kernel's GSO would
-// have (sequence numbers, IP ids, flags, checksums), so the dataplane and the
-// next hop see what a wire would carry. Without PACKET_VNET_HDR (older
-// kernels) a TCP frame longer than the MTU is cut at the MTU and checksums
-// marked not-ready are finished at the L4 header.
+// is a super-frame (a local stack, or a Linux VXLAN VTEP, handing a veth or
+// tap 64 KB with segmentation offload on) and its segment size. Checksums are
+// finished and super-frames are cut into segments (gso.h: plain TCP and UDP,
+// and both inside VXLAN) as the kernel's GSO would have, so the dataplane and
+// the next hop see what a wire would carry. That is the cold branch of
+// rx_burst; a frame that needs none of it pays one test. A super-frame gso.h
+// cannot cut is refused (drop offload_unsupported, counters.offload_kinds).
+// Without PACKET_VNET_HDR (older kernels) a TCP frame longer than the MTU is
+// cut at the MTU and checksums marked not-ready are finished at the L4 header.
 //
 // An interface that goes down keeps its socket: transmit fails and counts
 // (tx_refused), receive simply has nothing; when it comes back up, traffic
@@ -42,6 +44,7 @@
 #include <vector>
 
 #include "dpu/status.h"
+#include "gso.h"
 #include "port_io.h"
 
 struct tpacket3_hdr;  // linux/if_packet.h
@@ -76,15 +79,14 @@ class AfPacketQueue : public PortQueue {
  private:
   bool next_block();
   void release_block();
-  // The segments of a TCP super-frame into pkts (at most room); 0 when it is
-  // not one, kNoRoom when pool or room ran out (nothing taken).
-  static constexpr uint32_t kNoRoom = ~0u;
-  // Length, port, time; finishes a checksum left to offload (csum_start -1:
-  // none, -2: at the L4 header, else where the kernel said).
-  void fill(Packet* p, uint32_t len, uint64_t ts, int csum_start, int csum_offset);
-  // mss 0: cut at the interface's MTU.
-  uint32_t segment(const uint8_t* f, uint32_t n, uint32_t mss, uint64_t ts, PacketPool& pool, Packet** pkts,
-                   uint32_t room);
+  // Length, port, time; finishes a checksum left to offload.
+  void fill(Packet* p, uint32_t len, uint64_t ts, const FrameOffload& off);
+  // The cold branch: a frame the kernel marked as a super-frame, or (no vnet
+  // header) one longer than the MTU, cut into pkts[*got..cap), refused, or
+  // taken as it came. False when pool or room ran out first: the frame stays
+  // in the ring, and the next burst goes on where this one stopped.
+  bool rx_super(const tpacket3_hdr* h, const uint8_t* frame, uint32_t need, const FrameOffload& off, uint64_t ts,
+                PacketPool& pool, Packet** pkts, uint32_t cap, uint32_t* got);
 
   int fd_ = -1;
   int tx_fd_ = -1;             // the transmit socket; -1: fd_ transmits
@@ -93,6 +95,7 @@ class AfPacketQueue : public PortQueue {
   uint32_t mtu_ = 1500;        // IP bytes a frame of this interface carries
   bool vnet_ = false;          // frames carry a virtio_net_hdr (PACKET_VNET_HDR)
   std::vector<uint8_t> scratch_;  // a super-frame with its VLAN tag put back
+  GsoCutter cutter_;           // the super-frame being cut (busy() across bursts)
   uint8_t* ring_ = nullptr;
   size_t ring_bytes_ = 0;
   uint32_t block_size_ = 0, block_nr_ = 0;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dpu/batch.h"
+#include "dpu/drops.h"
 
 namespace dpu {
 
@@ -34,12 +35,15 @@ struct QueueCounters {
   uint64_t rx_truncated = 0;    // frames longer than a buffer, dropped
   uint64_t tx_refused = 0;      // frames the interface did not take (down, queue full)
   uint64_t link_errors = 0;     // errors the socket reported (the interface went down or away)
+  uint64_t offload_kinds = 0;   // OffloadKind bits (gso.h) of super-frames refused, OR'd: the live loop logs each once
 };
 
-// A frame no packet buffer can hold: the queue reports it, the worker counts
-// it against its port (drops: oversize).
+// A frame the queue did not turn into packets: no packet buffer can hold it
+// (oversize), or a sender's super-frame it cannot cut (offload_unsupported).
+// The queue reports it, the worker counts it against its port.
 struct RxReject {
   uint32_t port, len;
+  uint16_t reason = DROP_OVERSIZE;
 };
 
 class RxQueue {
