@@ -29,7 +29,7 @@ import pytest
 import yaml
 from scapy.all import IP, TCP, UDP, VXLAN, Ether, IPv6, Raw, wrpcap
 
-from dpu import _core
+from dpu import _core, cleanup
 
 from netns import ip, nsexec, sh, sysctl
 
@@ -357,6 +357,7 @@ class VtepLab:
     livelab.Lab's, which need only `ns` and `procs`."""
 
     peer, transfer, finish, ping, close, leftovers = Lab.peer, Lab.transfer, Lab.finish, Lab.ping, Lab.close, Lab.leftovers
+    _remove = Lab._remove
 
     def __init__(self, tmp: str, underlay: str = "ipv4", vxlan: tuple = ()):
         self.tmp = tmp
@@ -365,6 +366,7 @@ class VtepLab:
         self.procs = []
         self.v6 = underlay == "ipv6"
         self.local, self.remote = ("2001:db8::1", "2001:db8::2") if self.v6 else ("192.0.2.1", "192.0.2.2")
+        self._cleanup = cleanup.register(self._remove)  # as Lab: removed on SIGTERM/SIGINT too
         try:
             self._build(vxlan)
         except BaseException:
