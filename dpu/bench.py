@@ -348,9 +348,9 @@ class _Churn:
     from a thread of its own until stopped; each is one transaction, and must
     make exactly the next version (no other writer while it runs)."""
 
-    def __init__(self, dp, change, rate: float, first_version: int):
+    def __init__(self, dp, change, rate: float, first_version: int, cpus: Optional[set] = None):
         import threading
-        self.dp, self.change, self.rate = dp, change, rate
+        self.dp, self.change, self.rate, self.cpus = dp, change, rate, cpus
         self.k = 0
         self.next_version = first_version
         self.error: Optional[BaseException] = None
@@ -359,6 +359,8 @@ class _Churn:
 
     def _run(self) -> None:
         try:
+            if self.cpus:  # off the benchmark loop's CPU (os.sched_setaffinity(0): this thread)
+                os.sched_setaffinity(0, self.cpus)
             t0 = time.perf_counter()
             while not self._stop.is_set():
                 wait = t0 + self.k / self.rate - time.perf_counter()
@@ -390,31 +392,39 @@ class _Churn:
 def _churn_run(name: str, packets: int, repeat: int, progress: Optional[Progress], burst: int) -> dict:
     """A churn scenario: l3-rewrite-1k measured first in the same process
     (the reference), then the scenario's traffic while its changes are
-    committed. Upcalls are those of the measured runs under churn."""
-    ref = measure(*_l3(1000)[:3], packets, repeat, burst=burst)
-    t0 = time.perf_counter()
-    dp, pkts, ports, info, change = {"churn-1k": _churn_1k, "churn-hit-1k": _churn_hit_1k}[name]()
-    setup_s = time.perf_counter() - t0
-    check = info.pop("check", None)
-    data = pkts.data.tobytes()
-    dp._core.bench(data, pkts.offsets, pkts.lengths, ports, warm_up_packets(len(pkts)), burst)
-    before = report.workers_total(dp.stats())
-    rates, checked, wrong, changes, churn_s = [], 0, 0, 0, 0.0
-    churn = _Churn(dp, change, CHURN_RATE, dp.version + 1)
-    with churn:
-        for i in range(repeat):
-            if check is None:
-                n, secs = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets, burst)
-            else:
-                n, secs, c, w = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets, burst, check)
-                checked += c
-                wrong += w
-            rates.append(n / secs)
-            if progress:
-                progress(2 + i, 1 + repeat, (i + 1) * packets)
+    committed. Upcalls are those of the measured runs under churn. The
+    benchmark loop runs on one CPU (both measurements), the committing thread
+    on the others (on a one-CPU machine, or under `taskset -c N`, they share it)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    churn_cpus = set(allowed[:-1]) or None
+    os.sched_setaffinity(0, {allowed[-1]})
+    try:
+        ref = measure(*_l3(1000)[:3], packets, repeat, burst=burst)
+        t0 = time.perf_counter()
+        dp, pkts, ports, info, change = {"churn-1k": _churn_1k, "churn-hit-1k": _churn_hit_1k}[name]()
+        setup_s = time.perf_counter() - t0
+        check = info.pop("check", None)
+        info["cpus"] = {"bench": allowed[-1], "changes": sorted(churn_cpus or {allowed[-1]})}
+        data = pkts.data.tobytes()
+        dp._core.bench(data, pkts.offsets, pkts.lengths, ports, warm_up_packets(len(pkts)), burst)
+        before = report.workers_total(dp.stats())
+        rates, checked, wrong = [], 0, 0
+        with _Churn(dp, change, CHURN_RATE, dp.version + 1, churn_cpus) as churn:
+            for i in range(repeat):
+                if check is None:
+                    n, secs = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets, burst)
+                else:
+                    n, secs, c, w = dp._core.bench(data, pkts.offsets, pkts.lengths, ports, packets, burst, check)
+                    checked += c
+                    wrong += w
+                rates.append(n / secs)
+                if progress:
+                    progress(2 + i, 1 + repeat, (i + 1) * packets)
+    finally:
+        os.sched_setaffinity(0, set(allowed))
     changes, churn_s = churn.k, churn.seconds
-    cache = report.cache_stats(report.worker_delta(report.workers_total(dp.stats()), before))
     delta = report.worker_delta(report.workers_total(dp.stats()), before)
+    cache = report.cache_stats(delta)
     med = statistics.median(rates)
     res = {"scenario": name, "packet_size": PACKET_SIZE, "packets": packets, "repeat": repeat, "burst": burst,
            "setup_seconds": round(setup_s, 3), **info,

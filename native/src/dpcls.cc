@@ -55,9 +55,8 @@ Megaflow* Dpcls::insert(const Flow& key, const Flow& wc, XlateOut&& x) {
   for (const XcacheEntry& e : raw->xcache) {
     if (e.kind == XcacheEntry::GROUP) raw->uses_groups = true;
     if (e.kind != XcacheEntry::TABLE) continue;
-    std::vector<Megaflow*>& u = users_[e.table];
-    raw->deps.push_back(Megaflow::Dep{e.table, e.exact_view, e.priority, e.found, static_cast<uint32_t>(u.size())});
-    u.push_back(raw);
+    raw->deps.push_back(Megaflow::Dep{e.table, e.exact_view, e.priority, e.found});
+    raw->loose |= !e.exact_view;
   }
   const word_t* w = words(x.written_before_lookup);
   uint64_t any = 0;
@@ -65,6 +64,7 @@ Megaflow* Dpcls::insert(const Flow& key, const Flow& wc, XlateOut&& x) {
   if (any) {
     raw->written.reset(new uint64_t[kKeyWords]);
     std::memcpy(raw->written.get(), w, kKeyBytes);
+    raw->loose = true;
   }
   size_t bm = st->slots.size() - 1;
   size_t pos = mf->hash & bm;
@@ -74,6 +74,7 @@ Megaflow* Dpcls::insert(const Flow& key, const Flow& wc, XlateOut&& x) {
   raw->index = static_cast<uint32_t>(st->flows.size());
   st->flows.push_back(std::move(mf));
   n_flows_++;
+  deps_.add(raw);
   return raw;
 }
 
@@ -81,7 +82,7 @@ void Dpcls::clear() {
   subtables_.clear();
   order_.clear();
   n_flows_ = 0;
-  for (auto& u : users_) u.clear();
+  deps_.clear();
   dead_.clear();
 }
 
@@ -106,19 +107,7 @@ void Dpcls::unlink_slot(Subtable* st, const Megaflow* mf) {
 
 void Dpcls::kill(Megaflow* mf) {
   mf->dead = true;
-  for (const Megaflow::Dep& d : mf->deps) {
-    std::vector<Megaflow*>& u = users_[d.table];
-    Megaflow* last = u.back();
-    u[d.pos] = last;
-    u.pop_back();
-    if (last == mf) continue;
-    for (Megaflow::Dep& ld : last->deps)
-      if (ld.table == d.table && ld.pos == u.size()) {
-        ld.pos = d.pos;
-        break;
-      }
-  }
-  mf->deps.clear();
+  deps_.remove(mf);
   Subtable* st = const_cast<Subtable*>(mf->st);
   unlink_slot(st, mf);
   st->n--;
@@ -132,36 +121,9 @@ void Dpcls::kill(Megaflow* mf) {
   dead_.push_back(std::move(own));
 }
 
-// Whether a rule added to a table could be found for some packet of `mf` by
-// a lookup of that table that saw the packet's own fields: its match agrees
-// with the megaflow's key wherever both care and no action wrote first.
-static bool may_match(const Megaflow& mf, const Rule& r) {
-  const word_t* rv = words(r.match.value);
-  const word_t* rm = words(r.match.mask);
-  for (size_t i = 0; i < kKeyWords; i++) {
-    uint64_t care = rm[i] & mf.st->mask[i];
-    if (mf.written) care &= ~mf.written[i];
-    if ((rv[i] ^ mf.key[i]) & care) return false;
-  }
-  return true;
-}
-
 size_t Dpcls::revalidate(const ChangeSet& cs, const std::function<void(Megaflow&)>& dying) {
   std::vector<Megaflow*> victims;
-  for (const RuleChange& rc : cs.rules) {
-    const Rule& r = *rc.rule;
-    for (Megaflow* mf : users_[r.table]) {
-      for (const Megaflow::Dep& d : mf->deps) {
-        if (d.table != r.table) continue;
-        const bool hit = rc.added ? d.priority <= r.priority && (!d.exact_view || may_match(*mf, r))
-                                  : d.found == &r;
-        if (hit) {
-          victims.push_back(mf);
-          break;
-        }
-      }
-    }
-  }
+  for (const RuleChange& rc : cs.rules) deps_.affected(rc, order_, &victims);
   if (!cs.groups.empty()) {
     for (auto& st : subtables_)
       for (auto& mf : st->flows) {
@@ -193,6 +155,7 @@ void Dpcls::free_dead() {
       continue;
     }
     order_.erase(std::find(order_.begin(), order_.end(), subtables_[i].get()));
+    deps_.forget(subtables_[i].get());
     subtables_[i] = std::move(subtables_.back());
     subtables_.pop_back();
   }

@@ -51,6 +51,7 @@
 #include "dpu/mem.h"
 
 #include "datapath_view.h"
+#include "revalidate.h"
 #include "dpu/dp_actions.h"
 #include "dpu/flow_key.h"
 #include "xlate.h"
@@ -92,18 +93,24 @@ struct alignas(64) Megaflow {
   CtSpecs ct_specs;
   std::vector<XcacheEntry> xcache;
   uint64_t pushed_packets = 0, pushed_bytes = 0;  // already credited to rules
-  // What its translation depended on ("Revalidation" below): each table
-  // lookup, and where it stands in Dpcls::users_ of its table.
+  // What its translation depended on ("Revalidation" below, revalidate.h):
+  // each table lookup; whether some lookup did not see the key as it is
+  // (loose); where it stands in the worker's dependency indexes (refs).
   struct Dep {
     uint8_t table;
     bool exact_view;   // the lookup saw the walk's own in_port and L4 ports
     int32_t priority;  // of the rule found, -1 for a miss
     const Rule* found;
-    uint32_t pos;      // in users_[table]
   };
   std::vector<Dep> deps;
   std::unique_ptr<uint64_t[]> written;  // key bits written before a lookup (kKeyWords words), or null
   bool uses_groups = false;
+  bool loose = false;  // written bits, or a lookup that was not exact_view
+  struct Ref {
+    std::vector<Megaflow*>* list;
+    uint32_t pos;
+  };
+  std::vector<Ref> refs;
 };
 
 struct Subtable {
@@ -250,7 +257,7 @@ class Dpcls {
   std::vector<std::unique_ptr<Subtable>> subtables_;
   std::vector<Subtable*> order_;
   size_t n_flows_ = 0;
-  std::vector<Megaflow*> users_[kNumTables];  // by table: the megaflows whose walk looked it up
+  DepIndex deps_;
   std::vector<std::unique_ptr<Megaflow>> dead_;
 };
 
