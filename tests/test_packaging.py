@@ -1,9 +1,12 @@
 """The source distribution carries what building and testing it needs; the
-package says what it is (license, classifiers)."""
+package says what it is (license, classifiers); the README's Building commands
+(`python3 setup.py ...`) work in the environment its install line makes."""
 import os
+import re
 import subprocess
 import sys
 import tarfile
+import venv
 
 import pytest
 
@@ -53,3 +56,31 @@ def test_debug_build_compiles(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     built = [p.name for p in (tmp_path / "lib" / "dpu").iterdir()]
     assert any(n.startswith("_core.") and n.endswith(".so") for n in built), built
+
+
+def _names(requirements) -> set:
+    return {re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower().replace("_", "-") for r in requirements}
+
+
+def test_test_extra_brings_the_build_requirements():
+    """`pip install -e '.[test]'` builds in an isolated environment and keeps none of it: the
+    README's `python3 setup.py build_ext --inplace` / `sdist` (and the tests that run them) then
+    found no pybind11 in a fresh venv. The test extra brings every build requirement."""
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        pyproject = tomllib.load(f)
+    build = _names(pyproject["build-system"]["requires"])
+    test = _names(pyproject["project"]["optional-dependencies"]["test"])
+    assert build - test == set(), f"build requirements missing from the test extra: {sorted(build - test)}"
+
+
+def test_setup_py_without_its_requirements_says_what_to_install(tmp_path):
+    """setup.py run by a Python that has none of the build requirements (a venv without pip:
+    no setuptools, no pybind11) ends in one line naming them and how to get them."""
+    venv.EnvBuilder(with_pip=False).create(tmp_path / "bare")
+    r = subprocess.run([str(tmp_path / "bare" / "bin" / "python"), "setup.py", "--version"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("setup.py: ") and "pybind11" in line and "setuptools" in line, line
+    assert "pip install -e '.[test]'" in line, line
