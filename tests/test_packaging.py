@@ -28,12 +28,14 @@ def test_sdist_has_sources_tests_and_their_data(sdist):
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     if not tracked:
         pytest.skip("not a git checkout: nothing to compare the sdist with")
-    wanted = [f for f in tracked if f.startswith(("native/", "dpu/", "tests/", "examples/", "pcap/", "docs/", "bench/"))]
+    wanted = [f for f in tracked if f.startswith(("native/", "dpu/", "tests/", "examples/", "pcap/", "docs/", "bench/",
+                                                  "tools/"))]
     missing = [f for f in wanted if f not in sdist]
     assert not missing, missing
     for f in ("LICENSE", "README.md", "setup.py", "pyproject.toml", ".ci/run"):
         assert f in sdist, f
     assert not [f for f in sdist if f.endswith((".so", ".o"))]
+    assert not [f for f in sdist if f.startswith(".ci/venv")]  # CI's own venv, there while CI runs this
 
 
 def test_metadata_names_license_and_platform():
@@ -84,3 +86,15 @@ def test_setup_py_without_its_requirements_says_what_to_install(tmp_path):
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("setup.py: ") and "pybind11" in line and "setuptools" in line, line
     assert "pip install -e '.[test]'" in line, line
+
+
+def test_ci_runs_the_readmes_commands():
+    """.ci/run runs the README's first two lines as written, so CI tries what a new user tries."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        block = re.search(r"```sh\n(.*?)```", f.read(), re.S).group(1)
+    readme = [line.split(" #")[0].strip() for line in block.strip().splitlines()]
+    with open(os.path.join(ROOT, ".ci", "run")) as f:
+        lines = [line.strip() for line in f]
+    at = next(i for i, line in enumerate(lines) if line.startswith("# The README's two commands"))
+    assert lines[at + 1:at + 3] == readme
+
