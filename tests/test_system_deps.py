@@ -57,3 +57,16 @@ def test_bad_arguments_are_a_usage_line():
     r = run(SCRIPT, "uninstall")
     assert r.returncode == 2 and r.stdout == "" and r.stderr == "usage: system_deps.py [install [--dry-run]]\n"
 
+
+def test_a_test_session_ends_with_the_line_naming_what_to_install(tmp_path):
+    """The session's own conftest, installing nothing (DPU_TEST_INSTALL=0, as a user without root
+    gets): the run passes and its output ends, above pytest's summary, with the one line."""
+    r = run("-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "t"),
+            "tests/test_topology_strict.py::test_anchors_without_aliases_are_harmless",
+            env={**BARE, "DPU_TEST_INSTALL": "0"})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    lines = r.stdout.strip().splitlines()
+    hints = [line for line in lines if line.startswith("dpu tests:")]
+    assert len(hints) == 1 and hints[0] == lines[-2], lines
+    assert hints[0].startswith("dpu tests: missing tshark,") and "apt-get install tshark " in hints[0], hints
+    assert lines[-1].startswith("1 passed"), lines
