@@ -98,3 +98,21 @@ def test_ci_runs_the_readmes_commands():
     at = next(i for i, line in enumerate(lines) if line.startswith("# The README's two commands"))
     assert lines[at + 1:at + 3] == readme
 
+
+def test_the_demo_names_the_live_io_built(tmp_path):
+    """The README's install line ends with `dpu demo`: its last line says which live I/O backends
+    this build has and, when AF_XDP was left out (no libxdp at build time), how to get it.
+    IO_BACKENDS is checked against what the binary links."""
+    import dpu._core
+
+    with open(dpu._core.__file__, "rb") as f:
+        links_libxdp = b"libxdp.so" in f.read()
+    assert ("afxdp" in dpu._core.IO_BACKENDS) == links_libxdp, dpu._core.IO_BACKENDS
+    r = subprocess.run([sys.executable, "-m", "dpu.cli", "demo", "--packets", "2000", "--out-dir", str(tmp_path / "d")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    if links_libxdp:
+        assert last == "Live I/O built (dpu run --io): afpacket, afxdp"
+    else:
+        assert last.startswith("Live I/O built (dpu run --io): afpacket only;") and "libxdp-dev" in last, last
