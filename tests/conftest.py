@@ -89,7 +89,7 @@ def _check_afxdp(deps, may_rebuild: bool) -> None:
     built = _core_build()
     if built is None or "afxdp" in built[1] or not deps.present("pkg-config:libxdp libbpf"):
         return
-    in_place = os.path.dirname(os.path.abspath(built[0])) == os.path.join(ROOT, "dpu")
+    in_place = os.path.dirname(os.path.realpath(built[0])) == os.path.realpath(os.path.join(ROOT, "dpu"))
     why = "the core was built without AF_XDP and libxdp is installed now"
     if not in_place:
         _NOTES.append(f"dpu tests: {why}; test_afxdp.py skips: reinstall dpu to build it")
