@@ -125,6 +125,9 @@ def main(argv: Sequence[str]) -> int:
         return 2
     needs = missing()
     if args == ["install"]:
+        if not dry_run:
+            print(f"system_deps: installing {' '.join(packages(needs))}" if needs else
+                  "system_deps: every tool the suite uses is installed", flush=True)
         return install(needs, dry_run)
     line = hint(needs)
     print(line or "dpu tests: every tool the suite uses is installed")
