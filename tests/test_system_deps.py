@@ -70,3 +70,14 @@ def test_a_test_session_ends_with_the_line_naming_what_to_install(tmp_path):
     assert len(hints) == 1 and hints[0] == lines[-2], lines
     assert hints[0].startswith("dpu tests: missing tshark,") and "apt-get install tshark " in hints[0], hints
     assert lines[-1].startswith("1 passed"), lines
+
+
+def test_without_root_the_line_also_says_the_namespace_tests_skip():
+    deps = _deps()
+    assert deps.hint([], root=True) is None
+    assert deps.hint([], root=False) == ("dpu tests: not root, so the network-namespace tests skip: run the tests as "
+                                         "root for the whole suite")
+    tshark = [n for n in deps.NEEDS if n[0] == "tshark"]
+    line = deps.hint(tshark, root=False)
+    assert line.startswith("dpu tests: missing tshark, so their tests skip: `apt-get install tshark` as root"), line
+    assert line.endswith("or run the tests as root: that installs them, and runs the network-namespace tests"), line

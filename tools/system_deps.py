@@ -62,13 +62,20 @@ def packages(needs: Sequence[Tuple[str, Tuple[str, ...], str]]) -> List[str]:
     return [p for _, pkgs, _ in needs for p in pkgs]
 
 
-def hint(needs: Sequence[Tuple[str, Tuple[str, ...], str]]) -> Optional[str]:
-    """One line: what is missing and the command that installs it; None when nothing is."""
+def hint(needs: Sequence[Tuple[str, Tuple[str, ...], str]], root: Optional[bool] = None) -> Optional[str]:
+    """One line for the end of a test run: what is missing and the command that installs it, and,
+    without root (``root`` defaults to this process's), that the namespace tests skip as well;
+    None when nothing is left out."""
+    if root is None:
+        root = os.geteuid() == 0
     if not needs:
-        return None
+        return None if root else ("dpu tests: not root, so the network-namespace tests skip: run the tests as root "
+                                  "for the whole suite")
     what = ", ".join(w.split(":", 1)[-1] for w, _, _ in needs)
-    return (f"dpu tests: missing {what}, so their tests skip: `apt-get install {' '.join(packages(needs))}` as root "
-            "(Debian names); a test run as root installs them itself unless DPU_TEST_INSTALL=0")
+    line = f"dpu tests: missing {what}, so their tests skip: `apt-get install {' '.join(packages(needs))}` as root"
+    if root:
+        return line + " (Debian names); a test run as root installs them itself unless DPU_TEST_INSTALL=0"
+    return line + " (Debian names), or run the tests as root: that installs them, and runs the network-namespace tests"
 
 
 def plan(needs: Sequence[Tuple[str, Tuple[str, ...], str]]) -> List[Tuple[List[str], Optional[str]]]:
@@ -92,8 +99,12 @@ def install(needs: Sequence[Tuple[str, Tuple[str, ...], str]], dry_run: bool = F
         for cmd, stdin in plan(needs):
             print(" ".join(cmd) + (f" <<< '{stdin.strip()}'" if stdin else ""))
         return 0
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        print(hint(needs), file=sys.stderr)
+    if os.geteuid() != 0:
+        print(hint(needs, root=False), file=sys.stderr)
+        return 1
+    if not shutil.which("apt-get"):
+        print(f"dpu: no apt-get here: install what these Debian packages bring: {' '.join(packages(needs))}",
+              file=sys.stderr)
         return 1
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
@@ -129,7 +140,7 @@ def main(argv: Sequence[str]) -> int:
             print(f"system_deps: installing {' '.join(packages(needs))}" if needs else
                   "system_deps: every tool the suite uses is installed", flush=True)
         return install(needs, dry_run)
-    line = hint(needs)
+    line = hint(needs, root=True)
     print(line or "dpu tests: every tool the suite uses is installed")
     return 1 if line else 0
 
