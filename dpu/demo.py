@@ -175,8 +175,8 @@ def io_backends_line() -> str:
     if "afxdp" in _core.IO_BACKENDS:
         return "Live I/O built (dpu run --io): afpacket, afxdp"
     return ("Live I/O built (dpu run --io): afpacket only; afxdp needs libxdp-dev, libbpf-dev and pkg-config when "
-            "dpu is built: install them, then rebuild (pip install -e '.[test]' again, or python3 setup.py build_ext "
-            "--inplace)")
+            "dpu is built: install them, then rebuild (python3 setup.py build_ext --inplace --force, or pip install "
+            "-e '.[test]' again)")
 
 
 def run_demo(out_dir: str = "dpu-demo", packets: int = 200_000, as_json: bool = False) -> int:
