@@ -3,13 +3,21 @@
 The native sources are plain C++17 (native/); only native/bindings/ sees
 Python headers. Set DPU_NATIVE_ARCH=1 to compile for this CPU (-march=native).
 """
+import importlib.util
 import os
 import subprocess
 import sys
 from glob import glob
 
-from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
-from setuptools import Extension, setup
+# Run directly (`python3 setup.py ...`), this needs the build requirements in the running
+# Python; pip and `python -m build` bring them into an environment of their own.
+_MISSING = [m for m in ("setuptools", "pybind11", "Cython", "numpy") if importlib.util.find_spec(m) is None]
+if _MISSING:
+    sys.exit(f"setup.py: {', '.join(_MISSING)} not installed in {sys.executable}: `pip install -e '.[test]'` "
+             "brings them with dpu (or build with `pip install .` / `python -m build`, which fetch them)")
+
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext  # noqa: E402
+from setuptools import Extension, setup  # noqa: E402
 
 ParallelCompile("DPU_BUILD_JOBS", default=os.cpu_count() or 2).install()
 

@@ -13,7 +13,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from . import gen
+from . import _core, gen
 from .dataplane import Dataplane
 from .report import Progress, cache_stats, counter_tables, rate_text, tcpreplay_lines, tenant_zones, workers_total
 
@@ -169,6 +169,16 @@ def make_traffic(in_dir: str, packets: int, progress=None) -> Dict[str, str]:
     return files
 
 
+def io_backends_line() -> str:
+    """The live I/O backends this build has. The README's install line runs the demo, so this is
+    where a user learns that AF_XDP was left out (pip shows nothing of a build that worked)."""
+    if "afxdp" in _core.IO_BACKENDS:
+        return "Live I/O built (dpu run --io): afpacket, afxdp"
+    return ("Live I/O built (dpu run --io): afpacket only; afxdp needs libxdp-dev, libbpf-dev and pkg-config when "
+            "dpu is built: install them, then rebuild (python3 setup.py build_ext --inplace --force, or pip install "
+            "-e '.[test]' again)")
+
+
 def run_demo(out_dir: str = "dpu-demo", packets: int = 200_000, as_json: bool = False) -> int:
     os.makedirs(out_dir, exist_ok=True)
     topo_path = os.path.join(out_dir, "topology.yaml")
@@ -208,4 +218,5 @@ def run_demo(out_dir: str = "dpu-demo", packets: int = 200_000, as_json: bool = 
           f"(read pcaps, process, write pcaps; one core)")
     print("\n".join(tcpreplay_lines(summary.packets_in, summary.bytes_in, summary.seconds)))
     print(f"\nWrote {out_dir}/topology.yaml, {out_dir}/flows.txt, {out_dir}/in/*.pcap, {out_dir}/out/*.pcap")
+    print(io_backends_line())
     return 0

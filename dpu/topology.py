@@ -163,8 +163,15 @@ class Topology:
 # than YAML's plain scalars, and a key written twice in one mapping (YAML would
 # keep the last one silently). It also remembers where each key and value was
 # written, so that every error names its file, line and column.
+#
+# The YAML layer may refuse deep nesting first: in a flow collection (`[[[...`)
+# the scanner reads ahead to the end of the nesting before it yields an event,
+# and the libyaml of PyYAML 6.0.4 and later stops past 1,000 levels. Its error
+# is reported in dpu's words, as ours is, so that the message does not depend
+# on PyYAML's version.
 
 MAX_DEPTH = 64                  # nesting levels a topology file may use (it needs 7)
+_TOO_DEEP = f"nested deeper than {MAX_DEPTH} levels (a topology needs a handful)"
 MAX_FILE_BYTES = 256 << 20      # a larger file is refused before it is parsed
 MAX_ERRORS = 100                # errors listed by one TopologyError; the rest are counted
 
@@ -356,7 +363,7 @@ def _read_yaml(text: str, v: "_V") -> Any:
         if e.tag not in (None, "!", _MAP if is_map else _SEQ):
             refuse(e.start_mark, f"YAML tag {_short(e.tag)} is not supported in a topology file")
         if len(stack) >= MAX_DEPTH:
-            refuse(e.start_mark, f"nested deeper than {MAX_DEPTH} levels (a topology needs a handful)")
+            refuse(e.start_mark, _TOO_DEEP)
         f = _Frame()
         if stack:
             p = stack[-1]
@@ -398,6 +405,8 @@ def _read_yaml(text: str, v: "_V") -> Any:
                     refuse(e.start_mark, "a second YAML document: a topology file holds one")
     except yaml.MarkedYAMLError as x:
         mark = x.problem_mark or x.context_mark
+        if "maximum nesting depth" in str(x.problem):  # libyaml's limit (1,000 levels), met first: see above
+            v.fatal(_place(mark) if mark else None, None, _TOO_DEEP)
         msg = f"invalid YAML: {_clip(str(x.problem or x.context or 'unreadable'), 200)}"
         if x.context and x.problem and x.context_mark is not None:
             line, col = _place(x.context_mark)

@@ -207,6 +207,20 @@ def test_deep_nesting_is_refused(text):
     assert e.line is not None and e.column is not None
 
 
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 999, 1001, 100000])
+def test_flow_nesting_is_refused_in_dpus_words_whichever_layer_sees_it(depth):
+    """A flow collection makes the YAML scanner read ahead to the end of its nesting before the
+    first event: from PyYAML 6.0.4 on its libyaml refuses past 1,000 levels itself, before dpu's
+    reader sees level 65. The user reads dpu's message either way, with the place of the level
+    that was refused; below the scanner's limit that is the '[' opening level 65 (the top mapping
+    is level 1), whatever the version."""
+    e = error("uplink: " + "[" * depth + "]" * depth + "\n")
+    assert re.fullmatch(rf"<string>:1:\d+: nested deeper than {MAX_DEPTH} levels \(a topology needs a handful\)",
+                        str(e)), str(e)
+    if depth < 1000:
+        assert (e.line, e.column) == (1, len("uplink: ") + MAX_DEPTH), str(e)
+
+
 def test_errors_never_format_a_huge_value():
     huge = "x" * 5_000_000
     for text in (GOOD.replace("ip: 192.0.2.1", f"ip: {huge}"),

@@ -490,6 +490,13 @@ void bind_conntrack(DataplaneClass& c) {
 void bind_module_functions(py::module_& m) {
   m.attr("DEFAULT_BURST") = kDefaultBurst;  // frames a worker takes from a queue at a time (batch.h)
   m.attr("MAX_BURST") = kBatchMax;
+  // The live I/O backends this build can open (`dpu demo` names them): AF_XDP only where
+  // setup.py found libxdp and libbpf.
+#ifdef DPU_HAVE_AFXDP
+  m.attr("IO_BACKENDS") = py::make_tuple("afpacket", "afxdp");
+#else
+  m.attr("IO_BACKENDS") = py::make_tuple("afpacket");
+#endif
   m.def("tsc_hz", [] {
     // Calibrates the cycle counter the worker's stage profiler reads.
     auto t0 = std::chrono::steady_clock::now();
