@@ -324,6 +324,43 @@ def test_kernel_vxlan_socket_of_a_shadow_host(lab):
     lab.wait_routes()
 
 
+def test_an_ingress_drop_after_the_packet_socket_keeps_vxlan_from_the_kernel(lab):
+    """The way for a dataplane on AF_PACKET: an nftables netdev ingress rule dropping UDP
+    4789 on the shadow host's uplink. A packet socket there still sees the VXLAN frame, the
+    kernel does not answer it (a ping sent after it is answered first), BGP stays up."""
+    if not shutil.which("nft"):
+        pytest.skip("nft is not installed (apt-get install nftables)")
+    h1, h3 = lab.host("h1"), lab.host("h3")
+    rules = ["add table netdev dpu",
+             "add chain netdev dpu in { type filter hook ingress device uplink priority 0 ; }",
+             "add rule netdev dpu in udp dport 4789 counter drop"]
+    for r in rules:
+        nsexec(h3.ns, "nft", r)
+    try:
+        with Capture(h3.ns, "uplink", f"{lab.dir}/drop-h3.pcap", bpf="udp port 4789", direction="in") as seen, \
+                Capture(h1.ns, "uplink", f"{lab.dir}/drop-h1.pcap", bpf="icmp or udp port 4789",
+                        direction="in") as back:
+            _probe(lab, h1.ns, h3.vtep_ip, 100, b"probe-dropped")
+            nsexec(h1.ns, "ping", "-c", "1", "-W", "5", h3.vtep_ip)   # answered after any answer to the probe
+            seen.wait(1, timeout=10)
+        answers = [f for f in back.frames() if not (_echo_reply_from(f, h3.vtep_ip))]
+        assert [bytes(v[1]["ICMP"].payload) for v in map(_vxlan, seen.frames()) if v] == [b"probe-dropped"]
+        assert answers == []
+        counter = json.loads(nsexec(h3.ns, "nft", "-j", "list", "table", "netdev", "dpu").stdout)
+        assert [e["counter"]["packets"] for r in counter["nftables"] if "rule" in r
+                for e in r["rule"]["expr"] if "counter" in e] == [1]
+    finally:
+        nsexec(h3.ns, "nft", "delete table netdev dpu", check=False)
+    assert lab.sessions()[h3.vtep_ip] == "Established"
+
+
+def _echo_reply_from(frame: bytes, src: str) -> bool:
+    from scapy.layers.inet import ICMP, IP
+    from scapy.layers.l2 import Ether
+    pkt = Ether(frame)
+    return IP in pkt and pkt[IP].proto == 1 and pkt[IP].src == src and pkt[ICMP].type == 0
+
+
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "exception"])
 def test_teardown_leaves_nothing(netns_ok, how):
     """A lab (route reflector + shadow host) in a child process, ended by SIGTERM, SIGINT or
