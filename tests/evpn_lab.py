@@ -26,7 +26,8 @@ One `Lab` builds, in namespaces named `evl-<pid>-<n>-*` (nothing in the root nam
   namespaces. Each FRR instance has its state directory (configs, pid files, sockets, logs).
 - A *shadow* host (kind="shadow") has the same kernel objects but no real endpoints: each
   endpoint is a static FDB entry on a representor (a TAP nobody opened: no carrier) and a
-  permanent neighbour on the SVI, as dpu will write them. FRR advertises them all the same.
+  permanent neighbour on the SVI, as dpu will write them, once FRR runs (zebra does not
+  read permanent neighbours that exist before it starts). FRR advertises them all the same.
 - iBGP AS 65000, `address-family l2vpn evpn`, every host a client of the route reflector;
   `advertise-all-vni`; symmetric IRB through each tenant's L3 VNI; each tenant VRF also
   redistributes its connected routes as type-5 (its loopback 10.255.<host>.1/32 shows one).
@@ -36,8 +37,10 @@ daemon, deletes every namespace (the mounts die with zebra's mount namespace), a
 the state directory and the daemons' /var/tmp/frr/<daemon>.<pid> directories.
 `reap_stale()` does the same for labs whose process died without closing them.
 
-`read_installed(ns)` lists over netlink (pyroute2) what FRR installed in a tenant namespace;
-`NeighWatch` subscribes to its neighbour/FDB events.
+`read_installed(ns, l3vnis)` lists what zebra installed in a tenant namespace, `NeighWatch`
+collects its neighbour and FDB events, `propagation()` times a change on one host to its
+event on another; all over netlink sockets made here (pyroute2 only parses: its own netns
+support forks). `python3 tests/evpn_lab.py up|measure|reap` runs it by hand.
 """
 from __future__ import annotations
 
@@ -327,6 +330,8 @@ class Lab:
         self._undo = contextlib.ExitStack()
         self._owner = os.getpid()                # a forked child must not tear the lab down
         self._old_handlers: dict[int, object] = {}
+        # seconds: build (namespaces, devices), daemons (all started), and since then:
+        # established (every session), routes (every type-2/3 route at the reflector)
         self.timings: dict[str, float] = {}
 
     # -- life cycle
@@ -356,18 +361,20 @@ class Lab:
             self._attach(f"{self.tag}-rr", "rr", RR_IP)
             self.rr = Frr("rr", f"{self.tag}-rr", f"{self.dir}/rr")
             self.hosts = [self._build_host(i + 1, kind) for i, kind in enumerate(self.kinds)]
-            self.timings["build"] = time.monotonic() - t0
+            t1 = time.monotonic()
+            self.timings["build"] = t1 - t0
             self._undo.callback(self.rr.stop)
             self.rr.start("hostname rr\n", rr_bgpd_conf([h.vtep_ip for h in self.hosts]))
             for h in self.hosts:
                 self._undo.callback(h.frr.stop)
                 h.frr.start(vtep_zebra_conf(h, self.tenants), vtep_bgpd_conf(h, self.tenants))
-            t1 = time.monotonic()
+            t2 = time.monotonic()
+            self.timings["daemons"] = t2 - t1
             self.wait_established()
-            self.timings["established"] = time.monotonic() - t1
+            self.timings["established"] = time.monotonic() - t2
             self._announce_endpoints()
             self.wait_routes()
-            self.timings["converged"] = time.monotonic() - t1
+            self.timings["routes"] = time.monotonic() - t2
         except BaseException:
             self.close()
             raise
@@ -813,10 +820,30 @@ def propagation(lab: Lab, src: str = "h1", dst: str = "h3", tenant: str = "red",
     return out
 
 
+def hops(lab: Lab, changes: list[Change], pcap: str, src: str = "h1", dst: str = "h3") -> list[tuple]:
+    """Splits each change's latency at the BGP UPDATEs in pcap (a capture of the route
+    reflector's port): (what, src change -> UPDATE to the RR, RR in -> out to dst,
+    dst's UPDATE -> event), in ms. Needs tshark."""
+    from netns import tshark
+    offset = time.time() - time.monotonic()
+    s, d = lab.host(src).vtep_ip, lab.host(dst).vtep_ip
+    updates = [(float(t) - offset, a, b) for t, a, b in
+               (line.split("\t") for line in tshark(pcap, "-Y", "bgp.type == 2", "-T", "fields",
+                                                    "-e", "frame.time_epoch", "-e", "ip.src", "-e", "ip.dst"))]
+    out = []
+    for c in changes:
+        up = min(t for t, a, b in updates if (a, b) == (s, RR_IP) and t >= c.t0)
+        down = min(t for t, a, b in updates if (a, b) == (RR_IP, d) and t >= up)
+        out.append((c.what, (up - c.t0) * 1e3, (down - up) * 1e3, (c.event.t - down) * 1e3))
+    return out
+
+
 def main(argv: list[str]) -> int:
-    """`python3 tests/evpn_lab.py up|measure [kinds]`: build a lab and wait for Ctrl-C
-    (printing where everything is), or measure convergence and event latency."""
+    """`python3 tests/evpn_lab.py up|measure|reap [kinds]`: build a lab and wait for Ctrl-C
+    (printing where everything is); or measure convergence and the latency from a change
+    on h1 to its event at h3, split at the BGP UPDATEs; or remove what dead labs left."""
     import argparse
+    from netns import Capture
     p = argparse.ArgumentParser(prog="evpn_lab.py", description=main.__doc__)
     p.add_argument("command", choices=["up", "measure", "reap"])
     p.add_argument("kinds", nargs="?", default="vtep,vtep,shadow", help="host kinds, e.g. vtep,vtep,shadow")
@@ -829,11 +856,17 @@ def main(argv: list[str]) -> int:
         with Lab(tuple(a.kinds.split(","))) as lab:
             print(" ".join(f"{k} {v:.2f} s" for k, v in lab.timings.items()))
             if a.command == "measure":
-                changes = propagation(lab, rounds=a.rounds)
+                pcap = f"{lab.dir}/bgp.pcap"
+                with Capture(lab.underlay, "rr", pcap, bpf="tcp port 179"):
+                    changes = propagation(lab, rounds=a.rounds)
+                    time.sleep(0.2)                  # the last UPDATEs into the file
+                split = hops(lab, changes, pcap)
+                print("change on h1 -> event at h3, ms: median (min-max) of", a.rounds)
                 for what in dict.fromkeys(c.what for c in changes):
-                    ms = sorted(c.ms for c in changes if c.what == what)
-                    print(f"{what}: median {ms[len(ms) // 2]:.0f} ms, min {ms[0]:.0f}, max {ms[-1]:.0f} "
-                          f"({len(ms)} rounds)")
+                    cols = [sorted(c.ms for c in changes if c.what == what)]
+                    cols += [sorted(r[i] for r in split if r[0] == what) for i in (1, 2, 3)]
+                    print(f"  {what:9s} total {_spread(cols[0])}   h1 to UPDATE {_spread(cols[1])}   "
+                          f"RR {_spread(cols[2])}   h3 UPDATE to event {_spread(cols[3])}")
                 return 0
             for frr in [lab.rr] + [h.frr for h in lab.hosts]:
                 print(f"{frr.name}: vtysh --vty_socket {frr.dir}    ip netns exec {frr.ns} ...")
@@ -847,6 +880,10 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _spread(ms: list[float]) -> str:
+    return f"{ms[len(ms) // 2]:5.1f} ({ms[0]:.0f}-{ms[-1]:.0f})"
 
 
 if __name__ == "__main__":
