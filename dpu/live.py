@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import logging
 import os
 import signal
 import socket
@@ -31,6 +32,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from . import _core
 from .dataplane import Dataplane, read_flows_file
 from .errors import DpuError, LiveError
+
+log = logging.getLogger("dpu.live")
 
 DEFAULT_CTL = "/run/dpu/dpu.ctl"
 IO_BACKENDS = ("afpacket", "afxdp")
@@ -413,11 +416,66 @@ class Instance:
         return "\n".join(lines)
 
 
+class _Format(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"dpu: {record.levelname.lower()}: {record.getMessage()}"
+
+
+def log_to_stderr() -> None:
+    """What dpu's loggers say goes to stderr as ``dpu: LEVEL: message`` lines, from the
+    level DPU_LOG names (debug, info, warning, error; default info)."""
+    import sys
+
+    root = logging.getLogger("dpu")
+    if any(getattr(h, "_dpu", False) for h in root.handlers):
+        return
+    name = os.environ.get("DPU_LOG", "info").strip().upper()
+    level = logging.getLevelName(name)
+    if not isinstance(level, int):
+        print(f"dpu: warning: DPU_LOG={os.environ['DPU_LOG']!r} is not a level (debug, info, warning, error); "
+              "using info", file=sys.stderr)
+        level = logging.INFO
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(_Format())
+    h._dpu = True
+    root.addHandler(h)
+    root.setLevel(level)
+    root.propagate = False
+
+
+def raise_fd_limit() -> Tuple[int, int]:
+    """Raises RLIMIT_NOFILE's soft limit to the hard one (the kernel's fs.nr_open when the
+    hard one is unlimited): the usual soft 1,024 is few for a daemon whose clients, sockets
+    and queues all take descriptors. Returns (before, after)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        log.debug("open-file limit %s (already the hard limit)", soft)
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as e:
+        log.debug("could not raise the open-file limit from %d to %d: %s", soft, target, e)
+        return soft, soft
+    log.debug("raised the open-file limit from %d to %d (the hard limit)", soft, target)
+    return soft, target
+
+
 def run(opts: LiveOptions, out=None) -> int:
     """``dpu run``: open, start, forward until a signal, stop, print the counters."""
     import sys
 
     out = out or sys.stdout
+    log_to_stderr()
+    raise_fd_limit()
     inst = Instance(opts)
     inst.open()
     for w in inst.warnings:
@@ -507,4 +565,4 @@ def socket_path_ok(path: str) -> None:
             s.close()
 
 
-__all__ = ["DEFAULT_CTL", "Instance", "LiveOptions", "parse_port_args", "run"]
+__all__ = ["DEFAULT_CTL", "Instance", "LiveOptions", "parse_port_args", "raise_fd_limit", "run"]
