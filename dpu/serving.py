@@ -180,7 +180,8 @@ class Listener:
             with self._mu:
                 self._clients.add(conn)
             try:
-                threading.Thread(target=self._run, args=(conn,), name="dpu-client", daemon=True).start()
+                threading.Thread(target=self._run, args=(conn,), name=f"{self.thread.name}-client",
+                                 daemon=True).start()
             except RuntimeError as e:  # no thread to be had: like running out of descriptors
                 self._forget(conn)
                 self._closed.wait(self._failing.happens(f"cannot serve a client: {e}; trying again"))
