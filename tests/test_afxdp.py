@@ -33,10 +33,9 @@ with open(dpu._core.__file__, "rb") as _so:
 
 from livelab import SERVER_IP, Lab  # noqa: E402
 from netns import ip, nsexec, sh  # noqa: E402
-from test_live import MB  # noqa: E402
-
 AFXDP = ("--io", "afxdp")
 
+MB = 1 << 20
 
 class XdpLab(Lab):
     """The live lab with two-queue veths whose far ends leave no checksum to offload."""

@@ -16,13 +16,15 @@ import sys
 import time
 
 import pytest
+from helpers import child_env
+from helpers.wait import wait_for
+
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-PRELUDE = f"""
+PRELUDE = """
 import json, os, signal, sys, time
-sys.path.insert(0, {HERE!r})
 from dpu import cleanup
 def ready(**info):
     print(json.dumps(info), flush=True)
@@ -53,7 +55,7 @@ def _no_child_left():
 def spawn(code: str, argv=None, **env) -> subprocess.Popen:
     """A child interpreter running PRELUDE + code (or argv), this checkout importable."""
     p = subprocess.Popen(argv or [sys.executable, "-c", PRELUDE + code], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT, **env})
+                         stderr=subprocess.PIPE, text=True, env=child_env(**env))
     _children.append(p)
     return p
 
@@ -342,7 +344,7 @@ def test_ct_dump_leaves_no_temporary_directory(tmp_path):
     """dpu ct dump replays into a temporary directory. Its capture is a FIFO: the replay
     waits for it, the signal arrives meanwhile and is acted on once the replay returns."""
     from netns import write_pcap
-    from packets import PKT_UDP
+    from helpers.packets import PKT_UDP
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -14,7 +14,7 @@ import pytest
 from scapy.all import ARP, ICMP, IP, SCTP, TCP, UDP, Dot1Q, Ether, IPOption_RR, IPv6, IPv6ExtHdrFragment, Raw
 from scapy.layers.inet6 import ICMPv6EchoReply, ICMPv6EchoRequest, ICMPv6ND_NS, ICMPv6PacketTooBig
 
-from ctpackets import (CLIENT, CLIENT2, CLIENT6, E, PUBLIC, PUBLIC2, ROUTER, SEC, SERVER, SERVER2, SERVER3,
+from helpers.ctpackets import (CLIENT, CLIENT2, CLIENT6, E, PUBLIC, PUBLIC2, ROUTER, SEC, SERVER, SERVER2, SERVER3,
                        SERVER6, T0, UDP_ANSWER, UDP_QUERY, echo, fast_udp, frame, icmp_error, ip_bytes, tcp, udp)
 from dpu import Dataplane
 from dpu.errors import DpuError

@@ -1,13 +1,12 @@
 """Differential tests of conntrack and NAT: rule sets with ct(...) and stateful
 packet sequences through the native pipeline and the reference model
-(tests/model.py with tests/ct_model.py); the generators and comparisons of the
-stateless pipeline are shared with test_differential.py.
+(tests/helpers/model.py with tests/helpers/ct_model.py); the generators and comparisons
+of the stateless pipeline are shared with test_differential.py (tests/helpers/differential.py).
 """
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from typing import List, Optional, Tuple
 
@@ -15,7 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
 
 from scapy.all import (  # noqa: E402
@@ -23,14 +21,14 @@ from scapy.all import (  # noqa: E402
 )
 
 from dpu import Dataplane  # noqa: E402
-from model import Model  # noqa: E402
-from test_differential import (  # noqa: E402  (helpers only: no test is imported)
+from helpers.model import Model  # noqa: E402
+from helpers.differential import (  # noqa: E402
     PORTS, SETTINGS, TABLES, _chance, _h, build, compare_counters, compare_outputs, note,
 )
 
 # ======================================================================================
 # Conntrack and NAT (docs/conntrack.md): rule sets with ct(...) and stateful packet
-# sequences, through the core and the model (tests/ct_model.py), one packet per
+# sequences, through the core and the model (tests/helpers/ct_model.py), one packet per
 # process() call with its timestamp (the conntrack clock). After every packet: the same
 # outputs; after the sequence: the same rule/table/port counters and the same
 # connection table (dp.conntrack() lines against the model's rendering of its own).
@@ -49,7 +47,8 @@ import dataclasses  # noqa: E402
 
 from scapy.all import ICMPv6PacketTooBig, ICMPv6TimeExceeded  # noqa: E402
 
-from ct_model import Unpredictable  # noqa: E402
+from helpers.checksums import assert_checksums  # noqa: E402
+from helpers.ct_model import Unpredictable  # noqa: E402
 
 CT_DROPS = ("ct_quota", "ct_table_full", "nat_no_port", "nat_collision")
 CT_EXAMPLES = int(os.environ.get("DPU_DIFF_CT_EXAMPLES", "300"))
@@ -554,7 +553,7 @@ def ct_compare_table(dp, model, context: str) -> None:
     # expires_in: what the model says is left of each connection's timeout (the core's
     # clock is ahead by the real time the test took since the last timestamp jump)
     gexp = {str(c): c.expires_in for c in dp.conntrack()}
-    from ct_model import render
+    from helpers.ct_model import render
     eexp = {render(c): (c.expiry - model.conntrack.clock) / 1e9 for c in model.conntrack.conns}
     bad = {k: (eexp[k], gexp[k]) for k in eexp if abs(eexp[k] - gexp[k]) > CLOCK_SLACK}
     assert not bad, f"{context}\n\nEXPIRY DIFFERS (expected, got)\n  {bad}"

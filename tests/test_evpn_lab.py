@@ -18,11 +18,12 @@ import time
 import pytest
 
 import evpn_lab
+from helpers import child_env
+from helpers.wait import settle
 from evpn_lab import GATEWAY_MAC, TENANTS, Lab, LabError, NeighWatch, leftovers
 from netns import Capture, ip, nsexec, sh, socket_in
 
 pytestmark = pytest.mark.netns
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _frr_missing() -> str | None:
@@ -372,13 +373,13 @@ def test_teardown_leaves_nothing(netns_ok, how):
     missing = _frr_missing()
     if missing:
         pytest.skip(missing)
-    code = (f"import json, signal, sys; sys.path.insert(0, {HERE!r}); import evpn_lab\n"
+    code = ("import json, signal; import evpn_lab\n"
             "with evpn_lab.Lab(('shadow',)) as lab:\n"
             "    print(json.dumps([lab.tag, lab.dir, list(lab.daemon_pids().values())]), flush=True)\n"
             f"    if {how == 'exception'}: raise RuntimeError('a test failed inside the lab')\n"
             "    signal.pause()\n")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, env=child_env())
     try:
         line = child.stdout.readline()
         assert line, f"the lab did not come up: {child.stderr.read()[-2000:]}"

@@ -15,7 +15,8 @@ import sys
 
 import pytest
 from netns import write_pcap
-from packets import PKT_UDP
+from helpers import child_env
+from helpers.packets import PKT_UDP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = 4
@@ -25,7 +26,7 @@ import atexit, os, sys, threading
 late = []
 atexit.register(lambda: print("late", late[0].stats()["workers_total"]["packets"] > 0))  # runs last
 from dpu import Dataplane
-data = bytes.fromhex({frame!r})  # tests/packets.py's PKT_UDP (scapy is not imported here: slow)
+data = bytes.fromhex({frame!r})  # tests/helpers/packets.py's PKT_UDP (scapy is not imported here: slow)
 dp = Dataplane(ports=["p1", "p2"], flows=["table=0,priority=1,actions=output:p2"])
 late.append(dp)
 started = threading.Event()
@@ -68,7 +69,7 @@ def test_exit_with_a_thread_inside_dataplane_calls(main, tmp_path):
     code = SETUP.format(frame=bytes(PKT_UDP).hex()) + MAIN[main].format(tmp=str(tmp_path), src=src)
     for run in range(RUNS if main != "endless" else 2):
         r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PYTHONPATH": ROOT})
+                           env=child_env())
         assert (r.returncode, r.stderr) == (0, ""), f"run {run}: exit status {r.returncode}: {r.stderr[-3000:]}"
         # the main thread may still call in from an atexit hook run after the core's own
         assert r.stdout.split() == ["late", "True"], r.stdout

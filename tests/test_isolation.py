@@ -14,7 +14,7 @@ gateway MACs, VTEPs shared between tenants). Every batch is checked twice:
    uplink (split horizon) except the ARP reply for our own VTEP address; ARP
    replies the dataplane makes reveal only that tenant's gateway/endpoint MACs;
    per-tenant counters never count a packet for a tenant it does not belong to.
-2. **An exact model** of the compiled pipeline (dpu/topology.py, tables
+2. **An exact model** of the compiled pipeline (dpu/topology/compiler.py, tables
    0/10/20/30), written from the README, the compiler and the documented
    parser/tunnel contracts (parse.h, vxlan.cc): the expected outputs (bytes;
    VXLAN as outer VTEP + VNI + inner bytes) and the drop reason of every input,
@@ -50,7 +50,8 @@ from scapy.layers.vxlan import VXLAN
 
 from dpu import Dataplane
 from dpu.topology import load_topology
-from packets import (
+from helpers.checksums import assert_checksums, fold, inet_checksum, l4_checksum
+from helpers.packets import (
     BLUE_GW1, BLUE_GW2, BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_VNI, BROADCAST, GW_MAC, NEXTHOP_MAC, RED_REMOTE_IP,
     RED_REMOTE_MAC, RED_VNI, UPLINK_MAC, VM1_IP, VM1_MAC, VM2_IP, VM2_MAC, VM3_IP, VM3_MAC, VTEP_BLUE, VTEP_LOCAL,
     VTEP_RED, arp_request, udp, vxlan,

@@ -11,7 +11,8 @@ from scapy.all import ARP, ICMP, IP, TCP, UDP, UDPerror, TCPerror, IPerror, Ethe
 from dpu import Dataplane
 from dpu.errors import TopologyError
 from dpu.topology import load_topology
-from packets import (BLUE_FLOATING, BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_SNAT, GW_MAC, INET_MAC, INET_NEXTHOP_MAC,
+from helpers.checksums import assert_checksums
+from helpers.packets import (BLUE_FLOATING, BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_SNAT, GW_MAC, INET_MAC, INET_NEXTHOP_MAC,
                      OTHER_SERVER, RED_SNAT, SERVER, VM1_IP, VM1_MAC, VM2_IP, VM2_MAC, VM3_IP, VM3_MAC, VTEP_BLUE,
                      from_internet, from_vm, vxlan)
 

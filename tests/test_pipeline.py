@@ -4,7 +4,7 @@ import pytest
 from scapy.all import ARP, IP, SCTP, TCP, UDP, Dot1Q, Ether, ICMP, IPv6, IPv6ExtHdrFragment, Raw, ICMPv6EchoRequest
 
 from dpu import Dataplane
-from packets import PKT_ARP, PKT_ICMP, PKT_TCP, PKT_UDP, PKT_V6, five_tuple_hash
+from helpers.packets import PKT_ARP, PKT_ICMP, PKT_TCP, PKT_UDP, PKT_V6, five_tuple_hash
 
 PORTS = ["p1", "p2", "p3", "p4"]
 

@@ -334,7 +334,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from fuzzing import bounded, edited  # noqa: E402
+from helpers.fuzzing import bounded, edited  # noqa: E402
 SEEDS = [open(TOPO).read(), open(NAT_TOPO).read(), GOOD]
 PIECES = ["\n", "  ", "    ", ": ", "- ", "-", ":", ",", "[", "]", "{", "}", "&a ", "*a", "!!str ", "!!int ", "!x ",
           "<<: ", "? ", "'", '"', "#", "|", ">", "---\n", "...\n", "~", "null", "true", "'false'", "yes", "0x1f",
