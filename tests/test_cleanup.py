@@ -13,12 +13,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
 from helpers import child_env
 from helpers.wait import wait_for
-
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -26,9 +25,10 @@ ROOT = os.path.dirname(HERE)
 PRELUDE = """
 import json, os, signal, sys, time
 from dpu import cleanup
+from helpers.wait import wait_for
 def ready(**info):
     print(json.dumps(info), flush=True)
-def wait_forever():
+def wait_forever():  # idle until the test's signal ends the child: waiting is the point
     while True:
         time.sleep(60)
 """
@@ -157,8 +157,7 @@ made = []
 cleanup.register(lambda: [os.rmdir(m) for m in made])
 with cleanup.deferred():
     ready()
-    while not cleanup._pending:  # until the test's signal has arrived (and been held)
-        time.sleep(0.01)
+    wait_for(lambda: cleanup._pending, 60, "the test's signal (held until the block ends)")
     made.append(os.path.join({str(tmp_path)!r}, "made"))
     os.mkdir(made[-1])
 print("after the block", flush=True)
@@ -241,13 +240,6 @@ def running(pid: int) -> bool:
         return False
 
 
-def wait_for(cond, what: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def signalled(rc: int, sig: int) -> bool:
     return rc in (-sig, 128 + sig)
 
@@ -260,7 +252,7 @@ def check_setup_and_teardown(p: subprocess.Popen, sig: int, info: dict) -> None:
     rc, _, err = finish(p)
     assert signalled(rc, sig), f"exit status {rc}: {err[-2000:]}"
     assert not set(ns) & namespaces()
-    wait_for(lambda: not any(map(running, pids)), f"processes {pids} to end")
+    wait_for(lambda: not any(map(running, pids)), 30, f"processes {pids} to end")
     assert not any(map(os.path.exists, dirs))
 
 
@@ -325,7 +317,7 @@ wait_forever()
 
 
 def _tool_dir(tmp: str, prefix: str) -> str:
-    wait_for(lambda: any(n.startswith(prefix) for n in os.listdir(tmp)), f"the tool's {prefix}* directory")
+    wait_for(lambda: any(n.startswith(prefix) for n in os.listdir(tmp)), 30, f"the tool's {prefix}* directory")
     return next(os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(prefix))
 
 

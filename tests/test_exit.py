@@ -53,12 +53,11 @@ for i in range(10):
     # a call that runs for ever: exit waits a bounded time for it, then leaves it (and the
     # Dataplane it uses) to the process's end
     "endless": """
-import time
 import numpy as np
+from helpers.wait import wait_for
 one = (np.array([0], np.uint64), np.array([len(data)], np.uint32), np.array([1], np.uint32))
 threading.Thread(target=dp._core.bench, args=(data, *one, 1 << 62), daemon=True).start()
-while dp.stats()["workers_total"]["packets"] == 0:  # until it is inside
-    time.sleep(0.01)
+wait_for(lambda: dp.stats()["workers_total"]["packets"], 60, "the endless call to be inside the core")
 """,
 }
 
