@@ -1022,8 +1022,8 @@ def test_fast_tunnel_termination_matches_the_plain_path(data):
     assert [(o.port, o.data, o.index) for o in a] == [(o.port, o.data, o.index) for o in b]
     sa, sb = fast.stats(), plain.stats()
     assert sa["ports"] == sb["ports"] and sa["tenants"] == sb["tenants"] and sa["tables"] == sb["tables"]
-    assert sb["pmd"]["tunnel_pops"] == 0
-    assert sa["pmd"]["recirculations"] == sb["pmd"]["recirculations"]
+    assert sb["workers_total"]["tunnel_pops"] == 0
+    assert sa["workers_total"]["recirculations"] == sb["workers_total"]["recirculations"]
 
 
 def test_fast_tunnel_raw_shape_and_its_fallbacks():
@@ -1064,9 +1064,9 @@ def test_fast_tunnel_raw_shape_and_its_fallbacks():
         if name == "usual":
             assert [o.port for o in a] == [next(p for p, v in T.ports.items() if v == (pm, pi))]
         if name in ("usual", "options", "trailer"):
-            assert sa["pmd"]["tunnel_pops"] == 1, name
+            assert sa["workers_total"]["tunnel_pops"] == 1, name
         else:
-            assert sa["pmd"]["tunnel_pops"] == 0 and not a, name
+            assert sa["workers_total"]["tunnel_pops"] == 0 and not a, name
 
 
 # ---- one explicit case per attack (fixture table: description, port, packet, verdict) ----------------

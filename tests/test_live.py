@@ -72,7 +72,7 @@ def test_vm_and_remote_endpoint_talk_over_vxlan(lab, workers):
     assert p0["tx_bytes"] > 8 * MB and p0["rx_bytes"] > 8 * MB, "both transfers crossed the uplink"
     assert vm1["rx_bytes"] > 8 * MB and vm1["tx_bytes"] > 8 * MB
     assert len(st["workers"]) == workers + 1  # worker 0 serves the API
-    assert sum(w["packets"] for w in st["workers"][1:]) == st["pmd"]["packets"] and st["workers"][0]["packets"] == 0
+    assert sum(w["packets"] for w in st["workers"][1:]) == st["workers_total"]["packets"] and st["workers"][0]["packets"] == 0
     rc, out, err = d.stop()
     assert rc == 0, err
     assert "Ports:" in out and "Tables:" in out and "Tenants:" in out, out
