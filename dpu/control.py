@@ -54,8 +54,6 @@ class ControlServer:
     """Serves the control socket of an :class:`~dpu.live.Instance`."""
 
     def __init__(self, path: str, inst, limits: Limits = CONTROL_LIMITS) -> None:
-        from .live import socket_path_ok
-
         self.path = path
         self.inst = inst
         self.limits = limits
@@ -423,3 +421,48 @@ def _connect(path: str, cmd: str, timeout: float, deadline: float) -> socket.soc
         except OSError as e:
             s.close()
             raise ControlError(f"{path}: {e.strerror or e}") from None
+
+
+# ---- the socket's path: checked by dpu run before anything starts (check_ctl_path),
+# and again when the server binds it (socket_path_ok)
+
+# sockaddr_un's sun_path: 108 bytes, the last one the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def check_ctl_path(path: str) -> None:
+    """Refuses, before anything starts, a control socket path that cannot be
+    one: too long, or an existing file that is not a socket (dpu never
+    removes one)."""
+    n = len(os.fsencode(path))
+    if n > MAX_SOCKET_PATH:
+        raise errors.LiveError(f"--ctl {path}: too long for a unix socket ({n} bytes; at most {MAX_SOCKET_PATH})")
+    if os.path.islink(path) and not os.path.exists(path):
+        raise errors.LiveError(f"--ctl {path}: is a symbolic link to nothing (dpu replaces only a stale socket; "
+                               "choose another --ctl)")
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is not None and not stat.S_ISSOCK(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a file that is not a socket"
+        raise errors.LiveError(f"--ctl {path}: is {kind} (dpu replaces only a stale socket; choose another --ctl)")
+
+
+def socket_path_ok(path: str) -> None:
+    """Refuses a control socket path check_ctl_path() refuses or where
+    another dpu answers; removes a stale socket."""
+    check_ctl_path(path)
+    if os.path.lexists(path):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+        except OSError:
+            try:
+                os.unlink(path)  # stale: whoever made it is gone
+            except OSError as e:
+                raise errors.LiveError(f"--ctl {path}: cannot remove the stale socket: {e.strerror}") from None
+        else:
+            raise errors.LiveError(f"--ctl {path}: another dpu is running there (stop it, or choose another --ctl)")
+        finally:
+            s.close()

@@ -496,8 +496,6 @@ class Dataplane:
             self.ct_config(timeouts=topo.ct_timeouts, max_connections=topo.ct_max_connections)
         return result
 
-    reload_topology = load_topology
-
     # ---- transactions ----------------------------------------------------------------
     def transaction(self, create_ports: bool = False) -> Transaction:
         """A set of changes committed atomically when the ``with`` block ends."""

@@ -22,14 +22,13 @@ import errno
 import logging
 import os
 import signal
-import socket
-import stat
 import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _core
+from .control import check_ctl_path
 from .dataplane import Dataplane, read_flows_file
 from .errors import DpuError, LiveError
 
@@ -401,7 +400,7 @@ class Instance:
                          q["tx_refused"]])
         lines.append(table(rows, ["port", "interface", "rx_ring_drops", "rx_too_long", "tx_refused"]))
         secs = time.monotonic() - self.started_at if self.started_at else 0.0
-        p = st["pmd"]
+        p = st["workers_total"]
         from .report import rate_text
 
         rate = rate_text(p["packets"] / secs) if secs > 0 else "-"
@@ -521,48 +520,6 @@ def check_drops_path(path: str, inputs: Sequence[Tuple[str, Optional[str]]] = ()
         err = errno.EACCES
     if err:
         raise LiveError(f"{path}: cannot write the drops file: {os.strerror(err)}")
-
-
-# sockaddr_un's sun_path: 108 bytes, the last one the terminating NUL.
-MAX_SOCKET_PATH = 107
-
-
-def check_ctl_path(path: str) -> None:
-    """Refuses, before anything starts, a control socket path that cannot be
-    one: too long, or an existing file that is not a socket (dpu never
-    removes one)."""
-    n = len(os.fsencode(path))
-    if n > MAX_SOCKET_PATH:
-        raise LiveError(f"--ctl {path}: too long for a unix socket ({n} bytes; at most {MAX_SOCKET_PATH})")
-    if os.path.islink(path) and not os.path.exists(path):
-        raise LiveError(f"--ctl {path}: is a symbolic link to nothing (dpu replaces only a stale socket; "
-                        "choose another --ctl)")
-    try:
-        st = os.stat(path)
-    except OSError:
-        st = None
-    if st is not None and not stat.S_ISSOCK(st.st_mode):
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a file that is not a socket"
-        raise LiveError(f"--ctl {path}: is {kind} (dpu replaces only a stale socket; choose another --ctl)")
-
-
-def socket_path_ok(path: str) -> None:
-    """Refuses a control socket path check_ctl_path() refuses or where
-    another dpu answers; removes a stale socket."""
-    check_ctl_path(path)
-    if os.path.lexists(path):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.connect(path)
-        except OSError:
-            try:
-                os.unlink(path)  # stale: whoever made it is gone
-            except OSError as e:
-                raise LiveError(f"--ctl {path}: cannot remove the stale socket: {e.strerror}") from None
-        else:
-            raise LiveError(f"--ctl {path}: another dpu is running there (stop it, or choose another --ctl)")
-        finally:
-            s.close()
 
 
 __all__ = ["DEFAULT_CTL", "Instance", "LiveOptions", "parse_port_args", "raise_fd_limit", "run"]
