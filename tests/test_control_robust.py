@@ -27,12 +27,10 @@ import pytest
 
 from dpu import errors
 from dpu.control import CONTROL_LIMITS, ControlServer, call
-from dpu.dataplane import Dataplane
-from dpu.live import Instance, LiveOptions
 from dpu.metrics import METRICS_LIMITS, MetricsServer
+from helpers.instances import unattached_instance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FLOWS = "table=0,priority=10,in_port=p1,actions=output:p2\ntable=0,priority=10,in_port=p2,actions=output:p1\n"
 MB = 1 << 20
 
 
@@ -48,20 +46,6 @@ def wait_for(cond, what: str, deadline: float = 30.0, every: float = 0.02):
         if time.monotonic() > end:
             raise AssertionError(f"still waiting after {deadline:.0f}s for {what}")
         time.sleep(every)
-
-
-def unattached_instance(tmp_path) -> Instance:
-    """A real Instance and Dataplane (ports p1 and p2, two flows), attached to no interface."""
-    flows = tmp_path / "fwd.flows"
-    flows.write_text(FLOWS)
-    inst = Instance(LiveOptions(ports=[("p1", "none1"), ("p2", "none2")], flows=str(flows)))
-    dp = Dataplane()
-    with dp.transaction() as t:
-        t.add_port("p1")
-        t.add_port("p2")
-    dp.load_flows(str(flows))
-    inst.dp = dp
-    return inst
 
 
 def flow_table(dp) -> list:
@@ -527,8 +511,7 @@ def test_a_slow_scrape_is_cut_at_its_deadline(tmp_path, metrics):
 
 SERVER = r"""
 import dataclasses, json, logging, os, resource, sys
-sys.path.insert(0, sys.argv[2])
-from test_control_robust import unattached_instance
+from helpers.instances import unattached_instance
 from dpu.control import CONTROL_LIMITS, ControlServer
 from dpu.metrics import METRICS_LIMITS, MetricsServer
 import pathlib
@@ -560,9 +543,11 @@ class ServerProcess:
         script.write_text(SERVER)
         cfg = {"dir": str(tmp_path), "ctl": self.ctl, **cfg}
         self.err_path = tmp_path / "server.err"
-        self.proc = subprocess.Popen([sys.executable, str(script), json.dumps(cfg), os.path.dirname(__file__)],
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [os.path.dirname(__file__)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        self.proc = subprocess.Popen([sys.executable, str(script), json.dumps(cfg)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=open(self.err_path, "w"), text=True, cwd=ROOT)
+                                     stderr=open(self.err_path, "w"), text=True, cwd=ROOT, env=env)
         line = self.proc.stdout.readline()
         assert line, self.stderr()
         info = json.loads(line)
