@@ -222,153 +222,159 @@ static size_t find_actions(std::string_view s, size_t* value_start) {
   return std::string_view::npos;
 }
 
-Status parse_flow(std::string_view text, FlowCmd cmd, const PortNames* ports, FlowSpec* out) {
-  *out = FlowSpec();
-  size_t act_start = 0;
-  size_t act_kw = find_actions(text, &act_start);
-  std::string_view match_text = act_kw == std::string_view::npos ? text : text.substr(0, act_kw);
-  std::vector<Item> items;
-  Status s = split_items(match_text, 0, &items);
-  if (!s.ok()) return s;
+struct NamedField {
+  const FieldDef* f;
+  const Item* it;
+};
 
-  struct Named {
-    const FieldDef* f;
-    const Item* it;
+// A flow's own attributes, not match fields (table, priority, cookie, statistics, timeouts,
+// out_port/out_group selectors); *done: the item was one of them.
+static Status parse_flow_attr(const Item& it, FlowCmd cmd, const PortNames* ports, FlowSpec* out, bool* done) {
+  std::string_view k = it.key;
+  Status s = Status::Ok();
+  auto num = [&](int bits, uint64_t* v) -> Status {
+    if (!it.has_value || !parse_u(it.value, bits, v))
+      return err_at(Err::BAD_VALUE, std::string(k) + " needs a number of at most " + std::to_string(bits) + " bits",
+                    it.whole, it.pos);
+    return Status::Ok();
   };
-  std::vector<Named> named;
-  Match& m = out->match;
-  for (const Item& it : items) {
-    std::string_view k = it.key;
-    auto num = [&](int bits, uint64_t* v) -> Status {
-      if (!it.has_value || !parse_u(it.value, bits, v))
-        return err_at(Err::BAD_VALUE, std::string(k) + " needs a number of at most " + std::to_string(bits) + " bits",
-                      it.whole, it.pos);
+  *done = true;
+  if (k == "table") {
+    uint64_t t;
+    if (it.value == "all" || it.value == "255") {
+      if (cmd == FlowCmd::ADD || cmd == FlowCmd::MODIFY)
+        return err_at(Err::UNKNOWN_TABLE, "a flow must name one table (0..254)", it.whole, it.pos);
       return Status::Ok();
-    };
-    if (k == "table") {
-      uint64_t t;
-      if (it.value == "all" || it.value == "255") {
-        if (cmd == FlowCmd::ADD || cmd == FlowCmd::MODIFY)
-          return err_at(Err::UNKNOWN_TABLE, "a flow must name one table (0..254)", it.whole, it.pos);
-        continue;
-      }
-      if (!it.has_value || !parse_u(it.value, 32, &t) || t >= kNumTables)
-        return err_at(Err::UNKNOWN_TABLE, "table '" + std::string(it.value) + "' out of range (0..254)",
-                      it.whole, it.pos);
-      out->has_table = true;
-      out->table = static_cast<uint8_t>(t);
-      continue;
     }
-    if (k == "priority") {
-      uint64_t p;
-      s = num(16, &p);
-      if (!s.ok()) return s;
-      out->has_priority = true;
-      out->priority = static_cast<uint16_t>(p);
-      continue;
-    }
-    if (k == "cookie") {
-      std::string_view v = it.value, mk;
-      size_t slash = v.find('/');
-      if (slash != std::string_view::npos) {
-        mk = v.substr(slash + 1);
-        v = v.substr(0, slash);
-      }
-      // As ovs-ofctl: cookie=V/M selects flows (M -1: exactly V); cookie=V
-      // sets the cookie of the flow added or of the flows modified.
-      uint64_t c, cm = ~0ull;
-      if (!it.has_value || !parse_u(v, 64, &c) || (!mk.empty() && mk != "-1" && !parse_u(mk, 64, &cm)))
-        return err_at(Err::BAD_VALUE, "cookie needs a 64-bit number", it.whole, it.pos);
-      if (!mk.empty() && cmd == FlowCmd::ADD)
-        return err_at(Err::PARSE, "a cookie mask only selects flows (del/mod/dump)", it.whole, it.pos);
-      if (mk.empty() && (cmd == FlowCmd::DELETE || cmd == FlowCmd::MATCH_ONLY))
-        return err_at(Err::PARSE, "cookie=V without a mask sets a cookie; to select flows give cookie=V/MASK "
-                                  "(cookie=V/-1: exactly V)", it.whole, it.pos);
-      if (mk.empty() && cmd == FlowCmd::MODIFY) {
-        out->set_cookie = true;
-        out->new_cookie = c;
-        continue;
-      }
-      out->cookie = c;
-      out->cookie_mask = mk.empty() ? 0 : cm;
-      continue;
-    }
-    if (k == "duration" || k == "n_packets" || k == "n_bytes" || k == "idle_age" || k == "hard_age") {
-      // Statistics, as dump-flows prints them: ignored (as ovs-ofctl does),
-      // so that dump-flows output reads back as a flows file.
-      continue;
-    }
-    if (k == "idle_timeout" || k == "hard_timeout") {
-      uint64_t t;
-      s = num(16, &t);
-      if (!s.ok()) return s;
-      if (t != 0)
-        return err_at(Err::PARSE, std::string(k) + ": flow expiry is not supported (only 0)", it.whole, it.pos);
-      continue;
-    }
-    if (k == "out_port") {
-      if (cmd == FlowCmd::ADD) return err_at(Err::PARSE, "out_port only selects flows", it.whole, it.pos);
-      s = parse_port_arg(it.value, it.value_pos, ports, &out->out_port);
-      if (!s.ok()) return s;
-      continue;
-    }
-    if (k == "out_group") {
-      uint64_t g;
-      s = num(32, &g);
-      if (!s.ok()) return s;
-      out->out_group = static_cast<uint32_t>(g);
-      continue;
-    }
-    bool shorthand = false;
-    for (const Shorthand& sh : kShorthands) {
-      if (k == sh.name && !it.has_value) {
-        s = match_set(m, field_def(FieldId::DL_TYPE), sh.dl_type, 0xffff, it);
-        if (!s.ok()) return s;
-        if (sh.nw_proto >= 0) {
-          s = match_set(m, field_def(FieldId::NW_PROTO), static_cast<u128>(sh.nw_proto), 0xff, it);
-          if (!s.ok()) return s;
-        }
-        shorthand = true;
-      }
-    }
-    if (shorthand) continue;
-    const FieldDef* f = field_by_name(k);
-    if (!f) {
-      if (k == "recirc_id")
-        return err_at(Err::UNKNOWN_FIELD, "recirc_id is datapath-internal and cannot be matched", it.key, it.pos);
-      return err_at(Err::UNKNOWN_FIELD, "unknown field '" + std::string(k) + "'", it.key, it.pos);
-    }
-    if (!it.has_value || it.value.empty())
-      return err_at(Err::PARSE, std::string(k) + " needs a value (" + std::string(k) + "=...)", it.whole, it.pos);
-    u128 v, mk;
-    if (f->id == FieldId::DL_VLAN) {
-      uint64_t vid;
-      if (!parse_u(it.value, 16, &vid) || (vid > 4095 && vid != 0xffff))
-        return err_at(Err::BAD_VALUE, "dl_vlan must be 0..4095, or 0xffff for no VLAN", it.value, it.value_pos);
-      const FieldDef& tci = field_def(FieldId::VLAN_TCI);
-      if (vid == 0xffff) s = match_set(m, tci, 0, 0xffff, it);
-      else s = match_set(m, tci, kVlanPresent | vid, kVlanPresent | 0x0fff, it);
-      if (!s.ok()) return s;
-      named.push_back({f, &it});
-      continue;
-    }
-    if (f->id == FieldId::DL_VLAN_PCP) {
-      uint64_t pcp;
-      if (!parse_u(it.value, 3, &pcp))
-        return err_at(Err::BAD_VALUE, "dl_vlan_pcp must be 0..7", it.value, it.value_pos);
-      s = match_set(m, field_def(FieldId::VLAN_TCI), kVlanPresent | (pcp << 13), kVlanPresent | 0xe000, it);
-      if (!s.ok()) return s;
-      named.push_back({f, &it});
-      continue;
-    }
-    s = parse_field_value(*f, it.value, ports, &v, &mk, false);
-    if (!s.ok()) return at_value(s, it);
-    s = match_set(m, *f, v, mk, it);
-    if (!s.ok()) return s;
-    named.push_back({f, &it});
+    if (!it.has_value || !parse_u(it.value, 32, &t) || t >= kNumTables)
+      return err_at(Err::UNKNOWN_TABLE, "table '" + std::string(it.value) + "' out of range (0..254)",
+                    it.whole, it.pos);
+    out->has_table = true;
+    out->table = static_cast<uint8_t>(t);
+    return Status::Ok();
   }
-  // Prerequisites (as ovs-ofctl: a field needs its protocol in the same flow).
-  for (const Named& n : named) {
+  if (k == "priority") {
+    uint64_t p;
+    s = num(16, &p);
+    if (!s.ok()) return s;
+    out->has_priority = true;
+    out->priority = static_cast<uint16_t>(p);
+    return Status::Ok();
+  }
+  if (k == "cookie") {
+    std::string_view v = it.value, mk;
+    size_t slash = v.find('/');
+    if (slash != std::string_view::npos) {
+      mk = v.substr(slash + 1);
+      v = v.substr(0, slash);
+    }
+    // As ovs-ofctl: cookie=V/M selects flows (M -1: exactly V); cookie=V
+    // sets the cookie of the flow added or of the flows modified.
+    uint64_t c, cm = ~0ull;
+    if (!it.has_value || !parse_u(v, 64, &c) || (!mk.empty() && mk != "-1" && !parse_u(mk, 64, &cm)))
+      return err_at(Err::BAD_VALUE, "cookie needs a 64-bit number", it.whole, it.pos);
+    if (!mk.empty() && cmd == FlowCmd::ADD)
+      return err_at(Err::PARSE, "a cookie mask only selects flows (del/mod/dump)", it.whole, it.pos);
+    if (mk.empty() && (cmd == FlowCmd::DELETE || cmd == FlowCmd::MATCH_ONLY))
+      return err_at(Err::PARSE, "cookie=V without a mask sets a cookie; to select flows give cookie=V/MASK "
+                                "(cookie=V/-1: exactly V)", it.whole, it.pos);
+    if (mk.empty() && cmd == FlowCmd::MODIFY) {
+      out->set_cookie = true;
+      out->new_cookie = c;
+      return Status::Ok();
+    }
+    out->cookie = c;
+    out->cookie_mask = mk.empty() ? 0 : cm;
+    return Status::Ok();
+  }
+  if (k == "duration" || k == "n_packets" || k == "n_bytes" || k == "idle_age" || k == "hard_age") {
+    // Statistics, as dump-flows prints them: ignored (as ovs-ofctl does),
+    // so that dump-flows output reads back as a flows file.
+    return Status::Ok();
+  }
+  if (k == "idle_timeout" || k == "hard_timeout") {
+    uint64_t t;
+    s = num(16, &t);
+    if (!s.ok()) return s;
+    if (t != 0)
+      return err_at(Err::PARSE, std::string(k) + ": flow expiry is not supported (only 0)", it.whole, it.pos);
+    return Status::Ok();
+  }
+  if (k == "out_port") {
+    if (cmd == FlowCmd::ADD) return err_at(Err::PARSE, "out_port only selects flows", it.whole, it.pos);
+    s = parse_port_arg(it.value, it.value_pos, ports, &out->out_port);
+    if (!s.ok()) return s;
+    return Status::Ok();
+  }
+  if (k == "out_group") {
+    uint64_t g;
+    s = num(32, &g);
+    if (!s.ok()) return s;
+    out->out_group = static_cast<uint32_t>(g);
+    return Status::Ok();
+  }
+  *done = false;
+  return Status::Ok();
+}
+
+// A match field (or a shorthand such as tcp) into m; named: the fields given, for the
+// prerequisite check.
+static Status parse_match_item(const Item& it, const PortNames* ports, Match& m, std::vector<NamedField>* named) {
+  std::string_view k = it.key;
+  Status s = Status::Ok();
+  bool shorthand = false;
+  for (const Shorthand& sh : kShorthands) {
+    if (k == sh.name && !it.has_value) {
+      s = match_set(m, field_def(FieldId::DL_TYPE), sh.dl_type, 0xffff, it);
+      if (!s.ok()) return s;
+      if (sh.nw_proto >= 0) {
+        s = match_set(m, field_def(FieldId::NW_PROTO), static_cast<u128>(sh.nw_proto), 0xff, it);
+        if (!s.ok()) return s;
+      }
+      shorthand = true;
+    }
+  }
+  if (shorthand) return Status::Ok();
+  const FieldDef* f = field_by_name(k);
+  if (!f) {
+    if (k == "recirc_id")
+      return err_at(Err::UNKNOWN_FIELD, "recirc_id is datapath-internal and cannot be matched", it.key, it.pos);
+    return err_at(Err::UNKNOWN_FIELD, "unknown field '" + std::string(k) + "'", it.key, it.pos);
+  }
+  if (!it.has_value || it.value.empty())
+    return err_at(Err::PARSE, std::string(k) + " needs a value (" + std::string(k) + "=...)", it.whole, it.pos);
+  u128 v, mk;
+  if (f->id == FieldId::DL_VLAN) {
+    uint64_t vid;
+    if (!parse_u(it.value, 16, &vid) || (vid > 4095 && vid != 0xffff))
+      return err_at(Err::BAD_VALUE, "dl_vlan must be 0..4095, or 0xffff for no VLAN", it.value, it.value_pos);
+    const FieldDef& tci = field_def(FieldId::VLAN_TCI);
+    if (vid == 0xffff) s = match_set(m, tci, 0, 0xffff, it);
+    else s = match_set(m, tci, kVlanPresent | vid, kVlanPresent | 0x0fff, it);
+    if (!s.ok()) return s;
+    named->push_back({f, &it});
+    return Status::Ok();
+  }
+  if (f->id == FieldId::DL_VLAN_PCP) {
+    uint64_t pcp;
+    if (!parse_u(it.value, 3, &pcp))
+      return err_at(Err::BAD_VALUE, "dl_vlan_pcp must be 0..7", it.value, it.value_pos);
+    s = match_set(m, field_def(FieldId::VLAN_TCI), kVlanPresent | (pcp << 13), kVlanPresent | 0xe000, it);
+    if (!s.ok()) return s;
+    named->push_back({f, &it});
+    return Status::Ok();
+  }
+  s = parse_field_value(*f, it.value, ports, &v, &mk, false);
+  if (!s.ok()) return at_value(s, it);
+  s = match_set(m, *f, v, mk, it);
+  if (!s.ok()) return s;
+  named->push_back({f, &it});
+  return Status::Ok();
+}
+
+// Prerequisites (as ovs-ofctl: a field needs its protocol in the same flow).
+static Status check_prereqs(const std::vector<NamedField>& named, Match& m) {
+  for (const NamedField& n : named) {
     if (!prereq_met(n.f->prereq, m.value, &m.mask))
       return err_at(Err::PARSE,
                     std::string(n.f->name) + " requires the flow to match " + prereq_text(n.f->prereq) +
@@ -381,6 +387,30 @@ Status parse_flow(std::string_view text, FlowCmd cmd, const PortNames* ports, Fl
                         "')",
                     n.it->whole, n.it->pos);
   }
+  return Status::Ok();
+}
+
+Status parse_flow(std::string_view text, FlowCmd cmd, const PortNames* ports, FlowSpec* out) {
+  *out = FlowSpec();
+  size_t act_start = 0;
+  size_t act_kw = find_actions(text, &act_start);
+  std::string_view match_text = act_kw == std::string_view::npos ? text : text.substr(0, act_kw);
+  std::vector<Item> items;
+  Status s = split_items(match_text, 0, &items);
+  if (!s.ok()) return s;
+
+  std::vector<NamedField> named;
+  Match& m = out->match;
+  for (const Item& it : items) {
+    bool done = false;
+    s = parse_flow_attr(it, cmd, ports, out, &done);
+    if (!s.ok()) return s;
+    if (done) continue;
+    s = parse_match_item(it, ports, m, &named);
+    if (!s.ok()) return s;
+  }
+  s = check_prereqs(named, m);
+  if (!s.ok()) return s;
 
   if (act_kw == std::string_view::npos) {
     if (cmd == FlowCmd::ADD || cmd == FlowCmd::MODIFY)
