@@ -68,7 +68,7 @@ inline OuterView outer_view(const Flow& k) {
 // IPv4 with a 20-byte header, a total length that is exactly the frame, not a
 // fragment, UDP. For a frame of that shape these bytes are what the parser
 // would put in the key. Anything else returns false (parse it instead).
-inline bool outer_view_raw(const Packet* p, OuterView* v) {
+[[gnu::always_inline]] inline bool outer_view_raw(const Packet* p, OuterView* v) {
   const uint8_t* d = p->data();
   const uint32_t n = p->len;
   if (n < 14 + 20 + 8 || load16(d + 12) != be16(kEthIp)) return false;
@@ -87,14 +87,27 @@ inline bool outer_view_raw(const Packet* p, OuterView* v) {
   return true;
 }
 
-inline const TunnelTerm* find_tunnel_term(const TunnelTerm* terms, size_t n, const OuterView& v) {
+// The VTEP address: fixed-size compares, which the compiler turns into loads (a
+// memcmp of a variable length is a libc call per packet).
+[[gnu::always_inline]] inline bool same_vtep_ip(const uint8_t* a, const uint8_t* b, bool ipv6) {
+  if (!ipv6) {
+    uint32_t x, y;
+    std::memcpy(&x, a, 4);
+    std::memcpy(&y, b, 4);
+    return x == y;
+  }
+  return std::memcmp(a, b, 16) == 0;
+}
+
+[[gnu::always_inline]] inline const TunnelTerm* find_tunnel_term(const TunnelTerm* terms, size_t n,
+                                                                 const OuterView& v) {
   if (v.recirc_id != 0) return nullptr;
   for (size_t i = 0; i < n; i++) {
     const TunnelTerm& t = terms[i];
     if (t.underlay != v.in_port) continue;
     if (std::memcmp(v.dl_dst, t.cfg.local_mac, 6) != 0 || v.vlan_tci != 0) continue;
     if (v.dl_type != be16(t.cfg.ipv6 ? kEthIpv6 : kEthIp)) continue;
-    if (std::memcmp(v.ip_dst, t.cfg.local_ip, t.cfg.ipv6 ? 16 : 4) != 0) continue;
+    if (!same_vtep_ip(v.ip_dst, t.cfg.local_ip, t.cfg.ipv6)) continue;
     if (v.nw_proto != kIpUdp || v.nw_frag != 0) continue;
     if (v.tp_dst != be16(t.cfg.dst_port)) continue;
     return &t;
@@ -102,7 +115,8 @@ inline const TunnelTerm* find_tunnel_term(const TunnelTerm* terms, size_t n, con
   return nullptr;
 }
 
-inline const TunnelTerm* find_tunnel_term(const std::vector<TunnelTerm>& terms, const OuterView& v) {
+[[gnu::always_inline]] inline const TunnelTerm* find_tunnel_term(const std::vector<TunnelTerm>& terms,
+                                                                 const OuterView& v) {
   return find_tunnel_term(terms.data(), terms.size(), v);
 }
 

@@ -21,8 +21,10 @@
 
 namespace dpu {
 
+// Always inlined: out of line (as LTO once chose for the flow key), the stores are a loop
+// behind a call, +30 instructions a packet on the decap path (callgrind).
 template <size_t N>
-inline void zero_fixed(void* dst) {
+[[gnu::always_inline]] inline void zero_fixed(void* dst) {
   char* p = static_cast<char*>(dst);
   size_t i = 0;
 #if defined(__AVX__)
