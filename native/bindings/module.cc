@@ -134,25 +134,6 @@ using DataplaneClass = py::class_<Dataplane, ExitSafePtr<Dataplane>>;
 
 namespace {
 
-// The status code's name (dpu::Err); dpu.errors.from_native maps names to
-// exception classes, the one mapping for both native extensions.
-const char* err_name(Err code) {
-  switch (code) {
-    case Err::OK: return "OK";
-    case Err::PARSE: return "PARSE";
-    case Err::UNKNOWN_PORT: return "UNKNOWN_PORT";
-    case Err::UNKNOWN_TABLE: return "UNKNOWN_TABLE";
-    case Err::UNKNOWN_GROUP: return "UNKNOWN_GROUP";
-    case Err::UNKNOWN_FIELD: return "UNKNOWN_FIELD";
-    case Err::BAD_VALUE: return "BAD_VALUE";
-    case Err::CONFLICT: return "CONFLICT";
-    case Err::PCAP: return "PCAP";
-    case Err::IO: return "IO";
-    case Err::INVALID: return "INVALID";
-  }
-  return "UNKNOWN";
-}
-
 // Text of a status as str; a token or file name cut inside a UTF-8 sequence
 // must not turn the error into a UnicodeDecodeError.
 py::object status_text(const std::string& t) {
@@ -629,6 +610,15 @@ void bind_module_functions(py::module_& m) {
     d["port"] = port;
     d["worker"] = worker;
     return d;
+  });
+  // errors.def as data: [(code name, dpu.errors class name, meaning)]; dpu/errors.py builds its
+  // name -> class mapping from it.
+  m.def("errors", [] {
+    std::vector<std::tuple<std::string, std::string, std::string>> v;
+#define DPU_ERR(name, cls, help) v.emplace_back(#name, #cls, help);
+#include "dpu/errors.def"
+#undef DPU_ERR
+    return v;
   });
   m.def("drop_reasons", [] {
     std::vector<std::pair<std::string, std::string>> v;
