@@ -760,18 +760,20 @@ _TIMEOUTS = ("tcp_established", "tcp_transitory", "udp", "icmp")
 
 def _conntrack_section(v: _V, c: Any) -> Tuple[Dict[str, float], Optional[int]]:
     """conntrack: {max_connections: N, timeouts: {tcp_established: s, ...}}"""
+    from . import _core  # the bounds are the core's (ct_timeouts.def, conntrack.h)
+
     if c is None:
         return {}, None
     v.mapping(c, "conntrack", [], ["max_connections", "timeouts"])
     max_conns = None
     if c.get("max_connections") is not None:
-        max_conns = v.opt(c, "max_connections", "conntrack.max_connections", v.integer, 1, 1 << 30)
+        max_conns = v.opt(c, "max_connections", "conntrack.max_connections", v.integer, *_core.CT_MAX_CONNECTIONS_RANGE)
     timeouts: Dict[str, float] = {}
     if c.get("timeouts") is not None:
         t = v.mapping(c["timeouts"], "conntrack.timeouts", [], list(_TIMEOUTS))
         for k in _TIMEOUTS:
             if k in t:
-                timeouts[k] = v.opt(t, k, f"conntrack.timeouts.{k}", v.integer, 1, 30 * 24 * 3600)
+                timeouts[k] = v.opt(t, k, f"conntrack.timeouts.{k}", v.integer, 1, int(_core.CT_TIMEOUT_RANGE[1]))  # whole seconds
     return timeouts, max_conns
 
 
