@@ -584,14 +584,12 @@ def cmd_stats(args) -> int:
     if args.json:
         print(json.dumps(st, sort_keys=True))
         return 0
-    from .report import counter_tables, table
+    from .report import counter_tables, interfaces_table, table
 
     print(counter_tables(st, zones=st.get("tenant_zones") or []))  # as the final report: per tenant's zone
     if st.get("interfaces"):
         print("\nInterfaces:")
-        rows = [[q["ofport"], q["ifname"], q["rx_ring_drops"], q["rx_truncated"], q["tx_refused"]]
-                for q in st["interfaces"]]
-        print(table(rows, ["ofport", "interface", "rx_ring_drops", "rx_too_long", "tx_refused"]))
+        print(interfaces_table(st["interfaces"]))
     if st.get("workers"):
         print("\nWorkers:")
         rows = []

@@ -389,14 +389,9 @@ class Instance:
         st = self.dp.stats()
         lines = [counter_tables(st, zones=tenant_zones(self.dp))]
         lines.append("\nInterfaces:")
-        from .report import table
+        from .report import interfaces_table
 
-        rows = []
-        names = {v: k for k, v in self.dp.ports.items()}
-        for q in self.interface_stats():
-            rows.append([names.get(q["ofport"], q["ofport"]), q["ifname"], q["rx_ring_drops"], q["rx_truncated"],
-                         q["tx_refused"]])
-        lines.append(table(rows, ["port", "interface", "rx_ring_drops", "rx_too_long", "tx_refused"]))
+        lines.append(interfaces_table(self.interface_stats(), {v: k for k, v in self.dp.ports.items()}))
         secs = time.monotonic() - self.started_at if self.started_at else 0.0
         p = st["pmd"]
         from .report import rate_text

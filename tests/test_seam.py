@@ -7,7 +7,9 @@ Each test fails if one side drifts from the other or if a bad item of a
 transaction leaves anything applied."""
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -300,3 +302,164 @@ def test_a_topology_with_a_bad_timeout_or_zone_is_refused_and_nothing_changes():
     with pytest.raises(TopologyError, match="tenants.blue.zone"):
         dp.load_topology(topo)
     assert state(dp) == before
+
+
+# ---- conntrack's and the tunnel port's facts: once, in the core ----------------------------------------
+
+
+def test_ct_timeouts_are_the_cores():
+    from dpu import dataplane, topology
+
+    fresh = Dataplane().ct_config()
+    assert fresh["timeouts"] == {name: default for name, default, _ in _core.CT_TIMEOUTS} == dataplane.CT_TIMEOUTS
+    assert fresh["max_connections"] == _core.CT_MAX_CONNECTIONS_DEFAULT
+    lo, hi = _core.CT_TIMEOUT_RANGE
+    assert 0 < lo < 1e-6 and hi == 30 * 86400
+    assert set(topology._TIMEOUTS) == {name for name, _, _ in _core.CT_TIMEOUTS}
+    # the docs' table says the same
+    doc = (ROOT / "docs" / "conntrack.md").read_text()
+    for name, default, _ in _core.CT_TIMEOUTS:
+        assert re.search(rf"\| `{name}` \| {default:.0f} s\b", doc), name
+    # the API's bounds are the core's, at both ends
+    dp = Dataplane()
+    assert dp.ct_config(timeouts={"udp": hi})["timeouts"]["udp"] == hi
+    assert dp.ct_config(timeouts={"udp": 1e-9})["timeouts"]["udp"] == 1e-9
+    cmin, cmax = _core.CT_MAX_CONNECTIONS_RANGE
+    assert dp.ct_config(max_connections=cmax)["max_connections"] == cmax
+    assert dp.ct_config(max_connections=cmin)["max_connections"] == cmin
+    for bad in (dict(timeouts={"udp": hi * (1 + 1e-9)}), dict(max_connections=cmax + 1),
+                dict(max_connections=cmin - 1)):
+        with pytest.raises(InvalidArgumentError):
+            dp.ct_config(**bad)
+
+
+def test_the_topologys_conntrack_bounds_are_the_cores():
+    import yaml
+
+    base = yaml.safe_load(TOPO.read_text())
+    hi = int(_core.CT_TIMEOUT_RANGE[1])
+    cmin, cmax = _core.CT_MAX_CONNECTIONS_RANGE
+    dp = Dataplane.from_topology({**base, "conntrack": {"timeouts": {"icmp": hi}, "max_connections": cmax}})
+    assert dp.ct_config()["timeouts"]["icmp"] == hi and dp.ct_config()["max_connections"] == cmax
+    dp.load_topology({**base, "conntrack": {"timeouts": {"icmp": 1}, "max_connections": cmin}})
+    assert dp.ct_config()["timeouts"]["icmp"] == 1 and dp.ct_config()["max_connections"] == cmin
+
+
+# topology uplink key -> (tunnel_params member, in add_tunnel_port)
+UPLINK_KEYS = {"vxlan_port": "dst_port", "ttl": "ttl", "mtu": "mtu", "strict_vxlan": "strict"}
+
+
+def test_tunnel_defaults_are_the_cores():
+    from dpu.dataplane import TUNNEL_PARAMS
+    from dpu.topology import Uplink
+
+    dp = Dataplane(ports=["up"])
+    dp.add_tunnel_port("vx", underlay="up", local_ip="192.0.2.1", local_mac="02:00:00:00:00:01",
+                       nexthop_mac="02:00:00:00:00:02")
+    info = next(p for p in dp.port_info() if p["name"] == "vx")
+    assert {m: info[m] for m in TUNNEL_PARAMS} == {m: d for m, (d, _, _, _) in TUNNEL_PARAMS.items()}
+    # the topology's uplink: defaults, and what a compiled topology's tunnel port gets
+    up = Uplink(port="p0", ip=None, mac="02:00:00:00:00:01", nexthop_mac=None)
+    assert {m: getattr(up, k) for k, m in UPLINK_KEYS.items()} == {m: TUNNEL_PARAMS[m][0] for m in UPLINK_KEYS.values()}
+    assert up.src_port_range == (TUNNEL_PARAMS["sport_min"][0], TUNNEL_PARAMS["sport_max"][0])
+    vx = next(p for p in Dataplane.from_topology(TOPO).port_info() if p["tunnel"])
+    assert {m: vx[m] for m in TUNNEL_PARAMS} == {m: d for m, (d, _, _, _) in TUNNEL_PARAMS.items()}
+
+
+def test_tunnel_bounds_are_the_cores_in_the_api_and_the_topology():
+    import yaml
+
+    from dpu.dataplane import TUNNEL_PARAMS
+
+    base = yaml.safe_load(TOPO.read_text())
+    ends = {m: (lo, hi) for m, (d, lo, hi, _) in TUNNEL_PARAMS.items() if not isinstance(d, bool)}
+    assert ends == {"dst_port": (1, 65535), "sport_min": (1, 65535), "sport_max": (1, 65535), "ttl": (1, 255),
+                    "mtu": (576, 10000)}
+    for m, (lo, hi) in ends.items():
+        for v, ok in ((lo - 1, False), (lo, True), (hi, True), (hi + 1, False)):
+            # the core, through a transaction of its own
+            spec = dict(underlay="p0", local_ip="192.0.2.1", local_mac="02:00:00:00:00:01",
+                        nexthop_mac="02:00:00:00:00:02")
+            if m.startswith("sport"):
+                spec["src_port_range"] = (v, max(v, 1)) if m == "sport_min" else (min(v, 65535), v)
+            else:
+                spec[m] = v
+            dp = Dataplane(ports=["p0"])
+            if ok:
+                dp.add_tunnel_port("vx", **spec)
+            else:
+                with pytest.raises(InvalidArgumentError, match=f"tunnel port 'vx': {TUNNEL_PARAMS[m][3]} must be "
+                                                               f"{lo}..{hi}, got {v}"):
+                    dp.add_tunnel_port("vx", **spec)
+            # the topology's uplink: section accepts and refuses the same values
+            uplink = dict(base["uplink"])
+            if m.startswith("sport"):
+                uplink["src_port_range"] = list(spec["src_port_range"])
+            else:
+                uplink[next(k for k, mm in UPLINK_KEYS.items() if mm == m)] = v
+            if ok:
+                Dataplane.from_topology({**base, "uplink": uplink})
+            else:
+                with pytest.raises(TopologyError, match="uplink"):
+                    Dataplane.from_topology({**base, "uplink": uplink})
+    # an IPv6 underlay's least mtu
+    dp = Dataplane(ports=["p0"])
+    six = dict(underlay="p0", local_ip="2001:db8::1", local_mac="02:00:00:00:00:01", nexthop_mac="02:00:00:00:00:02")
+    with pytest.raises(InvalidArgumentError, match=f"mtu must be {_core.TUNNEL_MTU_MIN_IPV6}..10000"):
+        dp.add_tunnel_port("vx", **six, mtu=_core.TUNNEL_MTU_MIN_IPV6 - 1)
+    dp.add_tunnel_port("vx", **six, mtu=_core.TUNNEL_MTU_MIN_IPV6)
+
+
+# ---- queue counters: counters.def's DPU_QUEUE_COUNTER group ---------------------------------------------
+
+
+def test_queue_counters_are_one_list():
+    from dpu import report
+
+    listed = re.findall(r"^DPU_QUEUE_COUNTER\((\w+), \"", (INCLUDE / "counters.def").read_text(), re.M)
+    assert listed == [name for name, _ in _core.counters()["queue"]] == report.QUEUE_COUNTERS
+    assert "rx_too_long" in listed and "rx_truncated" not in listed  # a port's rx_truncated means the opposite
+    # nobody writes them out by hand any more (as a key, or a member in C++)
+    names = "|".join(n for n in listed if n != "rx_too_long")  # which the binding's alias rx_truncated reads
+    for path in ("native/src/live.cc", "native/bindings/module.cc", "dpu/live.py", "dpu/metrics.py", "dpu/cli.py",
+                 "dpu/control.py"):
+        src = (ROOT / path).read_text()
+        assert not re.search(rf"[\"'](?:{names})[\"']|\.(?:{names})\b", src), path
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="needs root (a veth pair in namespaces)")
+def test_a_frame_too_long_is_counted_by_its_queue_as_rx_too_long():
+    """A frame longer than any packet buffer, on a live AF_PACKET port: the
+    queue counts it as rx_too_long (its old key, rx_truncated, says the same),
+    the port as an oversize drop; the port's own rx_truncated (a frame cut
+    short inside a header) stays 0."""
+    import socket
+    import time
+
+    from netns import HostPair, in_netns, ip, socket_in
+
+    with HostPair("10.9.0.1", "10.9.0.2", "02:00:00:00:09:01", "02:00:00:00:09:02") as hp:
+        for ns, dev in ((hp.a, "veth-a"), (hp.b, "veth-b")):
+            ip(ns, "link", "set", dev, "mtu", "12000")
+        dp = Dataplane(ports=["p"], flows=["actions=drop"])
+        with in_netns(hp.a):
+            live = dp._core.live([(dp.port_number("p"), "veth-a")])
+            live.start()
+        try:
+            s = socket_in(hp.b, socket.AF_PACKET, socket.SOCK_RAW)
+            s.bind(("veth-b", 0))
+            frame = bytes.fromhex("02000000090102000000090288b5") + bytes(11_000)  # 11,014 bytes > 10,112
+            deadline = time.monotonic() + 30
+            q = None
+            while time.monotonic() < deadline:  # sends until counted (a frame may arrive before the ring)
+                s.send(frame)
+                q = live.queue_stats()[0]
+                if q["rx_too_long"]:
+                    break
+                time.sleep(0.05)
+            s.close()
+        finally:
+            live.stop()
+        assert q["rx_too_long"] >= 1 and q["rx_truncated"] == q["rx_too_long"], q
+        port = dp.stats()["ports"]["p"]
+        assert port["drops"].get("oversize", 0) >= 1 and port["rx_truncated"] == 0, port

@@ -617,20 +617,23 @@ void bind_module_functions(py::module_& m) {
     }
     return py::make_tuple(mismatches, filled_fast, filled_plain);
   });
-  // counters.def as data: {"traffic"|"port"|"worker": [(stats key, description)]}.
+  // counters.def as data: {"traffic"|"port"|"worker"|"queue": [(stats key, description)]}.
   m.def("counters", [] {
     py::dict d;
-    py::list traffic, port, worker;
+    py::list traffic, port, worker, queue;
 #define DPU_TRAFFIC_COUNTER(m, h) traffic.append(py::make_tuple(#m, h));
 #define DPU_PORT_COUNTER(m, h) port.append(py::make_tuple(#m, h));
 #define DPU_WORKER_COUNTER(m, n, h) worker.append(py::make_tuple(n, h));
+#define DPU_QUEUE_COUNTER(m, h) queue.append(py::make_tuple(#m, h));
 #include "dpu/counters.def"
 #undef DPU_TRAFFIC_COUNTER
 #undef DPU_PORT_COUNTER
 #undef DPU_WORKER_COUNTER
+#undef DPU_QUEUE_COUNTER
     d["traffic"] = traffic;
     d["port"] = port;
     d["worker"] = worker;
+    d["queue"] = queue;
     return d;
   });
   // errors.def as data: [(code name, dpu.errors class name, meaning)]; dpu/errors.py builds its
@@ -702,10 +705,10 @@ void bind_live(py::module_& m, DataplaneClass& c) {
           py::dict d;
           d["ofport"] = q.ofport;
           d["ifname"] = q.ifname;
-          d["rx_ring_drops"] = q.c.rx_ring_drops;
-          d["rx_truncated"] = q.c.rx_truncated;
-          d["tx_refused"] = q.c.tx_refused;
-          d["link_errors"] = q.c.link_errors;
+#define DPU_QUEUE_COUNTER(m, help) d[#m] = q.c.m;
+#include "dpu/counters.def"
+#undef DPU_QUEUE_COUNTER
+          d["rx_truncated"] = q.c.rx_too_long;  // the old name of rx_too_long, kept for scripts
           py::list refused;  // super-frames it could not cut, by kind: (what they are, ethtool features to turn off)
           for (uint32_t b = 0; b < kOffloadKinds; b++)
             if (q.c.offload_kinds & (1u << b)) {
