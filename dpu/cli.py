@@ -78,23 +78,16 @@ def _read_only_fs(path: str) -> bool:
 
 def _refuse_overwrite(outputs: Iterable[str], inputs: Iterable[Tuple[str, str]]) -> None:
     """Refuses, before anything is written, an output that is any input (the
-    same file by device and inode: links and other spellings included)."""
-    given = {}
-    for what, path in inputs:
-        try:
-            st = os.stat(path)
-        except (OSError, ValueError):
-            continue  # a missing input is reported when it is read
-        given.setdefault((st.st_dev, st.st_ino), (what, path))
-    for out in outputs:
-        try:
-            st = os.stat(out)
-        except (OSError, ValueError):
-            continue  # not there yet: it cannot be an input
-        hit = given.get((st.st_dev, st.st_ino))
-        if hit is not None:
-            raise InvalidArgumentError(f"{show_path(out)}: writing it would destroy the {hit[0]} "
-                                       f"{show_path(hit[1])}, an input (choose another output)", file=out)
+    same file by device and inode: links and other spellings included; the
+    core decides, as the replayer does)."""
+    from . import _core
+
+    outputs, inputs = list(outputs), list(inputs)
+    hit = _core.find_overwrite([os.fsencode(p) for p in outputs], [os.fsencode(p) for _, p in inputs])
+    if hit is not None:
+        out, (what, path) = outputs[hit[0]], inputs[hit[1]]
+        raise InvalidArgumentError(f"{show_path(out)}: writing it would destroy the {what} "
+                                   f"{show_path(path)}, an input (choose another output)", file=out)
 
 
 class _atomic_output:
@@ -309,8 +302,8 @@ def cmd_replay(args) -> int:
 
 
 def _replay_outputs(dp, out_dir: str) -> List[str]:
-    """The files a replay writes: one pcap per port that is not a tunnel."""
-    return [os.path.join(out_dir, f"{p['name']}.pcap") for p in dp.port_info() if not p.get("tunnel")]
+    """The files a replay writes, as the core names them: one pcap per port that is not a tunnel."""
+    return [path for _, path in dp._core.replay_outputs(out_dir)]
 
 
 def _given_inputs(args, pcaps: Sequence[tuple] = ()) -> List[Tuple[str, str]]:

@@ -660,6 +660,16 @@ class Dataplane:
             raise UnknownPortError(f"unknown port '{name}'", token=name)
         return n
 
+    def _input_port(self, port: Union[str, int]) -> int:
+        """A port an API call takes packets from, as its number: a name is
+        looked up here, a number is the core's to judge ("unknown input port
+        N", as process, trace, bench and replay say it)."""
+        if _is_int(port):
+            if not 0 <= port <= 0xFFFFFFFF:
+                raise UnknownPortError(f"unknown input port {port}", token=str(port))
+            return int(port)
+        return self.port_number(port)
+
     def port_name(self, number: int) -> str:
         return self._core.port_name(number) or str(number)
 
@@ -754,7 +764,7 @@ class Dataplane:
                     raise UnknownPortError("process() needs in_port= or (in_port, packet) pairs")
                 port, pkt = in_port, item
             if port not in cache:
-                cache[port] = self.port_number(port)
+                cache[port] = self._input_port(port)
             ports.append(cache[port])
             datas.append(_to_bytes(pkt))
         lens = np.fromiter((len(d) for d in datas), dtype=np.uint32, count=len(datas))
@@ -776,7 +786,7 @@ class Dataplane:
     def trace(self, packet: PacketLike, in_port: Union[str, int]) -> Trace:
         """Like ovs-appctl ofproto/trace: tables visited, rules, actions, megaflow,
         datapath actions, and what the datapath then emitted. Counters are untouched."""
-        r = self._core.trace(_to_bytes(packet), self.port_number(in_port))
+        r = self._core.trace(_to_bytes(packet), self._input_port(in_port))
         passes = [TracePass(**p) for p in r["passes"]]
         return Trace(passes, list(r["outputs"]), r["drop_reason"])
 

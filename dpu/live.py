@@ -444,10 +444,12 @@ def check_drops_path(path: str, inputs: Sequence[Tuple[str, Optional[str]]] = ()
     """A drops file dpu can create, checked before anything starts (the file
     itself is created when the workers start), and that is none of `inputs`
     ((what, path): the topology, the flows file), which writing it would destroy."""
-    for what, given in inputs:
-        if given and os.path.exists(path) and os.path.exists(given) and os.path.samefile(path, given):
-            raise LiveError(f"{path}: writing the drops file would destroy the {what} {given}, an input "
-                            "(choose another --drops-pcap)")
+    given = [(what, p) for what, p in inputs if p]
+    hit = _core.find_overwrite([os.fsencode(path)], [os.fsencode(p) for _, p in given])  # the core decides
+    if hit is not None:
+        what, p = given[hit[1]]
+        raise LiveError(f"{path}: writing the drops file would destroy the {what} {p}, an input "
+                        "(choose another --drops-pcap)")
     parent = os.path.dirname(os.path.abspath(path))
     err = 0
     if os.path.isdir(path):

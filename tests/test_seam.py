@@ -463,3 +463,53 @@ def test_a_frame_too_long_is_counted_by_its_queue_as_rx_too_long():
         assert q["rx_too_long"] >= 1 and q["rx_truncated"] == q["rx_too_long"], q
         port = dp.stats()["ports"]["p"]
         assert port["drops"].get("oversize", 0) >= 1 and port["rx_truncated"] == 0, port
+
+
+# ---- what the ways in decide, once: in the core ------------------------------------------------------------
+
+
+def test_input_ports_outputs_and_replay_names_are_decided_by_the_core(tmp_path):
+    """The words "unknown input port N", "an output may not be an input" and the
+    replay's file names are the core's: Python's ways in (process, trace,
+    replay, the CLI's and dpu run's output checks) ask it and get its
+    answer."""
+    from scapy.all import Ether, wrpcap
+
+    from dpu.errors import UnknownPortError
+    from dpu.replay import replay
+
+    frame = bytes(Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:02") / (b"x" * 50))
+    pcap = tmp_path / "in.pcap"
+    wrpcap(str(pcap), [Ether(frame)])
+    dp = Dataplane(ports=["a", "b"], flows=["actions=output:b"])
+    dp.add_tunnel_port("vx", underlay="b", local_ip="192.0.2.1", local_mac="02:00:00:00:00:01",
+                       nexthop_mac="02:00:00:00:00:02")
+    for call in (lambda: dp.process([frame], in_port=99), lambda: dp.trace(frame, 99),
+                 lambda: replay(dp, {99: pcap}, tmp_path / "out99")):
+        with pytest.raises(UnknownPortError, match=r"^(packet 0: )?unknown input port 99$"):
+            call()
+    with pytest.raises(UnknownPortError, match=r"^packet 1: unknown input port 99$"):  # which packet, too
+        dp.process([(dp.port_number("a"), frame), (99, frame)])
+    assert not (tmp_path / "out99").exists() or not os.listdir(tmp_path / "out99")
+    # the replay writes the files the core names: one per port that is not a tunnel
+    out = tmp_path / "out"
+    replay(dp, {"a": pcap}, out)
+    named = dp._core.replay_outputs(str(out))
+    assert [port for port, _ in named] == ["a", "b"]
+    assert sorted(os.listdir(out)) == sorted(os.path.basename(path) for _, path in named) == ["a.pcap", "b.pcap"]
+    # the same file by another name is that file; a file not there yet is no input
+    (tmp_path / "hard.pcap").hardlink_to(pcap)
+    (tmp_path / "soft.pcap").symlink_to(pcap)
+    spelled = str(tmp_path / "out" / ".." / "in.pcap")
+    ins = [b"/nonexistent/x", os.fsencode(pcap)]
+    for other in ("hard.pcap", "soft.pcap"):
+        assert _core.find_overwrite([b"/nonexistent/y", os.fsencode(tmp_path / other)], ins) == (1, 1)
+    assert _core.find_overwrite([os.fsencode(spelled)], ins) == (0, 1)
+    assert _core.find_overwrite([os.fsencode(tmp_path / "new.pcap"), b"bad\0name"], ins) is None
+    # and each way in refuses it, the input intact
+    kept = pcap.read_bytes()
+    os.symlink(pcap, out / "c.pcap")  # an out_dir where port c's output is the input
+    dp.add_port("c")
+    with pytest.raises(InvalidArgumentError, match="this input is also the output of port c"):
+        replay(dp, {"a": pcap}, out)
+    assert pcap.read_bytes() == kept

@@ -645,6 +645,19 @@ void bind_module_functions(py::module_& m) {
 #undef DPU_ERR
     return v;
   });
+  // The first output that is an input (the same file), as (output index, input index), or None:
+  // the one decision behind every "writing it would destroy an input" (runner.h).
+  m.def(
+      "find_overwrite",
+      [](const std::vector<std::string>& outputs, const std::vector<std::string>& inputs) -> py::object {
+        std::pair<int, int> hit;
+        {
+          NativeCall nogil;
+          hit = find_overwrite(outputs, inputs);
+        }
+        return hit.first < 0 ? py::object(py::none()) : py::object(py::make_tuple(hit.first, hit.second));
+      },
+      py::arg("outputs"), py::arg("inputs"));
   m.def("drop_reasons", [] {
     std::vector<std::pair<std::string, std::string>> v;
     for (int r = 0; r < drop_reason_count(); r++) v.emplace_back(drop_reason_name(r), drop_reason_help(r));
@@ -1030,16 +1043,12 @@ void bind_packets(DataplaneClass& c) {
              const uint64_t* off = arr_ptr(offsets, n, "offsets");
              const uint32_t* ln = arr_ptr(lens, n, "lens");
              const uint32_t* pt = arr_ptr(ports, n, "ports");
-             std::vector<uint8_t> known;
-             for (const PortInfo& p : dp.ports()) {
-               if (known.size() <= p.ofport) known.resize(p.ofport + 1);
-               known[p.ofport] = 1;
-             }
              for (size_t i = 0; i < n; i++) {
                if (off[i] > buf.size() || ln[i] > buf.size() - off[i]) throw py::value_error("packet runs past the buffer");
                if (ln[i] > Packet::max_capacity()) throw py::value_error("packet larger than a buffer");
-               if (pt[i] >= known.size() || !known[pt[i]]) raise_status(Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(pt[i])));
              }
+             const Status ports_ok = check_input_ports(&dp, pt, n, false);  // (`check` is the argument here)
+             if (!ports_ok.ok()) raise_status(ports_ok);
              BenchCheck bc;
              if (!check.is_none()) {  // (base version, routes): churn-hit's stamps (runner.h)
                auto t = check.cast<std::pair<uint64_t, uint32_t>>();
@@ -1073,6 +1082,13 @@ void bind_packets(DataplaneClass& c) {
              return r;
            },
            py::arg("inputs"), py::arg("out_dir"), py::arg("drops_pcap") = "", py::keep_alive<0, 1>())
+      .def("replay_outputs",
+           [](Dataplane& dp, const std::string& out_dir) {
+             std::vector<std::pair<std::string, std::string>> v;
+             for (const ReplayOutput& o : replay_outputs(&dp, out_dir)) v.emplace_back(o.port, o.path);
+             return v;
+           },
+           py::arg("out_dir"), "(port, file) of each file a replay into out_dir writes")
       .def("set_profile",
            [](Dataplane& dp, bool on) {
              NativeCall nogil;
