@@ -132,7 +132,7 @@ class Collector:
 
         names = {v: k for k, v in inst.dp.ports.items()}
         qf = {k: CounterMetricFamily(f"dpu_interface_{k}", h, labels=["port", "interface"])
-              for k, h in _core.counters()["queue"]}  # counters.def
+              for k, h in _core.queue_counters()}  # counters.def
         for q in inst.interface_stats():
             lbl = [names.get(q["ofport"], str(q["ofport"])), q["ifname"]]
             for k, fam in qf.items():

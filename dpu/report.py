@@ -29,11 +29,11 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 from . import _core
 
-#: counters.def as data: {"traffic"|"port"|"worker"|"queue": [(stats key, description)]}.
+#: counters.def as data: {"traffic"|"port"|"worker": [(stats key, description)]}.
 COUNTERS: Dict[str, List[tuple]] = {k: [tuple(x) for x in v] for k, v in _core.counters().items()}
 WORKER_COUNTERS = [name for name, _ in COUNTERS["worker"]]
 #: a live port's queue counters (``interfaces`` of dpu stats), summed over its queues
-QUEUE_COUNTERS = [name for name, _ in COUNTERS["queue"]]
+QUEUE_COUNTERS = [name for name, _ in _core.queue_counters()]
 
 #: The views of :func:`render_views`, in the order they print.
 VIEWS = ("ports", "flows", "tables", "groups", "megaflows", "workers")

@@ -417,7 +417,7 @@ def test_queue_counters_are_one_list():
     from dpu import report
 
     listed = re.findall(r"^DPU_QUEUE_COUNTER\((\w+), \"", (INCLUDE / "counters.def").read_text(), re.M)
-    assert listed == [name for name, _ in _core.counters()["queue"]] == report.QUEUE_COUNTERS
+    assert listed == [name for name, _ in _core.queue_counters()] == report.QUEUE_COUNTERS
     assert "rx_too_long" in listed and "rx_truncated" not in listed  # a port's rx_truncated means the opposite
     # nobody writes them out by hand any more (as a key, or a member in C++)
     names = "|".join(n for n in listed if n != "rx_too_long")  # which the binding's alias rx_truncated reads

@@ -617,24 +617,29 @@ void bind_module_functions(py::module_& m) {
     }
     return py::make_tuple(mismatches, filled_fast, filled_plain);
   });
-  // counters.def as data: {"traffic"|"port"|"worker"|"queue": [(stats key, description)]}.
+  // counters.def as data: {"traffic"|"port"|"worker": [(stats key, description)]}.
   m.def("counters", [] {
     py::dict d;
-    py::list traffic, port, worker, queue;
+    py::list traffic, port, worker;
 #define DPU_TRAFFIC_COUNTER(m, h) traffic.append(py::make_tuple(#m, h));
 #define DPU_PORT_COUNTER(m, h) port.append(py::make_tuple(#m, h));
 #define DPU_WORKER_COUNTER(m, n, h) worker.append(py::make_tuple(n, h));
-#define DPU_QUEUE_COUNTER(m, h) queue.append(py::make_tuple(#m, h));
 #include "dpu/counters.def"
 #undef DPU_TRAFFIC_COUNTER
 #undef DPU_PORT_COUNTER
 #undef DPU_WORKER_COUNTER
-#undef DPU_QUEUE_COUNTER
     d["traffic"] = traffic;
     d["port"] = port;
     d["worker"] = worker;
-    d["queue"] = queue;
     return d;
+  });
+  // counters.def's queue group: [(key in a live port's interfaces entry, description)].
+  m.def("queue_counters", [] {
+    py::list queue;
+#define DPU_QUEUE_COUNTER(m, h) queue.append(py::make_tuple(#m, h));
+#include "dpu/counters.def"
+#undef DPU_QUEUE_COUNTER
+    return queue;
   });
   // errors.def as data: [(code name, dpu.errors class name, meaning)]; dpu/errors.py builds its
   // name -> class mapping from it.
