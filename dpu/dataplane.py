@@ -619,8 +619,6 @@ class Dataplane:
         self.topology = comp
         return result
 
-    reload_topology = load_topology
-
     # ---- transactions ----------------------------------------------------------------
     def transaction(self, create_ports: bool = False) -> Transaction:
         """A set of changes committed atomically when the ``with`` block ends."""

@@ -643,37 +643,3 @@ def read_pcap(path: Union[str, os.PathLike], limit: Optional[int] = None) -> Pac
         return Packets(*_gen.read_pcap(path, -1 if limit is None else int(limit)))
     except _gen.NativeError as e:
         raise _native_error(e) from None
-
-
-def _main(argv=None) -> int:
-    """python3 -m dpu.gen TEMPLATE -n COUNT [--flows N] [--vary F=R ...] [--size S] -o out.pcap"""
-    import argparse
-    import time
-
-    ap = argparse.ArgumentParser(prog="python3 -m dpu.gen", description=_main.__doc__)
-    ap.add_argument("template")
-    ap.add_argument("-n", "--count", type=int, default=1000)
-    ap.add_argument("--flows", type=int)
-    ap.add_argument("--vary", action="append", default=[], metavar="FIELD=RANGE")
-    ap.add_argument("--size", type=int)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--interval-ns", type=int, default=1000)
-    ap.add_argument("-o", "--output", help="pcap file (default: generate in memory and discard)")
-    a = ap.parse_args(argv)
-    if any("=" not in v for v in a.vary):
-        ap.error("--vary takes FIELD=RANGE, e.g. --vary ip.dst=10.0.0.0/16")
-    vary = dict(v.split("=", 1) for v in a.vary) or None
-    kw = dict(flows=a.flows, vary=vary, size=a.size, seed=a.seed, interval_ns=a.interval_ns)
-    t0 = time.perf_counter()
-    if a.output:
-        n = generate_pcap(a.output, a.template, a.count, **kw)
-    else:
-        n = len(generate(a.template, a.count, **kw))
-    dt = time.perf_counter() - t0
-    where = a.output or "memory"
-    print(f"{n} packets to {where} in {dt:.3f} s ({n / dt / 1e6:.2f} Mpps, including the template build)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import copy
 import errno
+import logging
 import os
 import signal
-import socket
-import stat
 import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import _core
+from .control import check_ctl_path
 from .dataplane import Dataplane, read_flows_file
 from .errors import DpuError, LiveError
+
+log = logging.getLogger("dpu.live")
 
 DEFAULT_CTL = "/run/dpu/dpu.ctl"
 IO_BACKENDS = ("afpacket", "afxdp")
@@ -393,7 +395,7 @@ class Instance:
 
         lines.append(interfaces_table(self.interface_stats(), {v: k for k, v in self.dp.ports.items()}))
         secs = time.monotonic() - self.started_at if self.started_at else 0.0
-        p = st["pmd"]
+        p = st["workers_total"]
         from .report import rate_text
 
         rate = rate_text(p["packets"] / secs) if secs > 0 else "-"
@@ -408,11 +410,66 @@ class Instance:
         return "\n".join(lines)
 
 
+class _Format(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"dpu: {record.levelname.lower()}: {record.getMessage()}"
+
+
+def log_to_stderr() -> None:
+    """What dpu's loggers say goes to stderr as ``dpu: LEVEL: message`` lines, from the
+    level DPU_LOG names (debug, info, warning, error; default info)."""
+    import sys
+
+    root = logging.getLogger("dpu")
+    if any(getattr(h, "_dpu", False) for h in root.handlers):
+        return
+    name = os.environ.get("DPU_LOG", "info").strip().upper()
+    level = logging.getLevelName(name)
+    if not isinstance(level, int):
+        print(f"dpu: warning: DPU_LOG={os.environ['DPU_LOG']!r} is not a level (debug, info, warning, error); "
+              "using info", file=sys.stderr)
+        level = logging.INFO
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(_Format())
+    h._dpu = True
+    root.addHandler(h)
+    root.setLevel(level)
+    root.propagate = False
+
+
+def raise_fd_limit() -> Tuple[int, int]:
+    """Raises RLIMIT_NOFILE's soft limit to the hard one (the kernel's fs.nr_open when the
+    hard one is unlimited): the usual soft 1,024 is few for a daemon whose clients, sockets
+    and queues all take descriptors. Returns (before, after)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        except (OSError, ValueError):
+            target = 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        log.debug("open-file limit %s (already the hard limit)", soft)
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as e:
+        log.debug("could not raise the open-file limit from %d to %d: %s", soft, target, e)
+        return soft, soft
+    log.debug("raised the open-file limit from %d to %d (the hard limit)", soft, target)
+    return soft, target
+
+
 def run(opts: LiveOptions, out=None) -> int:
     """``dpu run``: open, start, forward until a signal, stop, print the counters."""
     import sys
 
     out = out or sys.stdout
+    log_to_stderr()
+    raise_fd_limit()
     inst = Instance(opts)
     inst.open()
     for w in inst.warnings:
@@ -462,46 +519,4 @@ def check_drops_path(path: str, inputs: Sequence[Tuple[str, Optional[str]]] = ()
         raise LiveError(f"{path}: cannot write the drops file: {os.strerror(err)}")
 
 
-# sockaddr_un's sun_path: 108 bytes, the last one the terminating NUL.
-MAX_SOCKET_PATH = 107
-
-
-def check_ctl_path(path: str) -> None:
-    """Refuses, before anything starts, a control socket path that cannot be
-    one: too long, or an existing file that is not a socket (dpu never
-    removes one)."""
-    n = len(os.fsencode(path))
-    if n > MAX_SOCKET_PATH:
-        raise LiveError(f"--ctl {path}: too long for a unix socket ({n} bytes; at most {MAX_SOCKET_PATH})")
-    if os.path.islink(path) and not os.path.exists(path):
-        raise LiveError(f"--ctl {path}: is a symbolic link to nothing (dpu replaces only a stale socket; "
-                        "choose another --ctl)")
-    try:
-        st = os.stat(path)
-    except OSError:
-        st = None
-    if st is not None and not stat.S_ISSOCK(st.st_mode):
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "a file that is not a socket"
-        raise LiveError(f"--ctl {path}: is {kind} (dpu replaces only a stale socket; choose another --ctl)")
-
-
-def socket_path_ok(path: str) -> None:
-    """Refuses a control socket path check_ctl_path() refuses or where
-    another dpu answers; removes a stale socket."""
-    check_ctl_path(path)
-    if os.path.lexists(path):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            s.connect(path)
-        except OSError:
-            try:
-                os.unlink(path)  # stale: whoever made it is gone
-            except OSError as e:
-                raise LiveError(f"--ctl {path}: cannot remove the stale socket: {e.strerror}") from None
-        else:
-            raise LiveError(f"--ctl {path}: another dpu is running there (stop it, or choose another --ctl)")
-        finally:
-            s.close()
-
-
-__all__ = ["DEFAULT_CTL", "Instance", "LiveOptions", "parse_port_args", "run"]
+__all__ = ["DEFAULT_CTL", "Instance", "LiveOptions", "parse_port_args", "raise_fd_limit", "run"]

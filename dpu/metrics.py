@@ -22,17 +22,38 @@ tenant, reason, zone, worker, cache, table).
 Workers are numbered as the dataplane numbers them: worker 0 serves API calls
 (trace, control), 1..N forward. busy_ratio and packets_per_batch are over the
 interval since the previous scrape (the first scrape: since start).
+
+The HTTP endpoint (:class:`MetricsServer`) serves prometheus_client's own WSGI
+application (what a scraper or promtool sees is prometheus_client's: formats,
+content negotiation, gzip), but through a :class:`dpu.serving.Listener` with
+:data:`METRICS_LIMITS` instead of prometheus_client's unbounded threading
+server: at most 16 clients at once (more wait in the listen backlog), a
+request complete within 5 s however slowly it comes, 64 KB of request at
+most, the answer taken within 10 s.
 """
 from __future__ import annotations
 
+import io
+import logging
+import socket
 import threading
+from http.server import BaseHTTPRequestHandler
 from typing import Dict, Iterator, Tuple
+from urllib.parse import unquote
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from . import _core
 from .errors import LiveError
+from .serving import Budget, DeadlineReader, Limits, Listener, OverBudget
+
+log = logging.getLogger("dpu.metrics")
+
+MAX_HTTP_REQUEST = 64 << 10  # bytes: request line and headers (a scrape sends a few hundred)
+METRICS_LIMITS = Limits(clients=16, request_timeout=5.0, send_timeout=10.0, max_request=MAX_HTTP_REQUEST,
+                        max_buffered=16 * MAX_HTTP_REQUEST)
+BACKLOG = 64
 
 PORT_COUNTERS = ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "dropped", "tx_dropped", "rx_truncated",
                  "rx_malformed", "rx_unknown")
@@ -148,27 +169,114 @@ class Collector:
 
 
 class MetricsServer:
-    """The HTTP endpoint (prometheus_client's), bound at construction."""
+    """The HTTP endpoint, bound at construction, serving from start() (see the module docstring)."""
 
-    def __init__(self, host: str, port: int, inst) -> None:
-        from prometheus_client import start_http_server
+    def __init__(self, host: str, port: int, inst, limits: Limits = METRICS_LIMITS) -> None:
+        from prometheus_client import make_wsgi_app
 
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(Collector(inst))
+        self.limits = limits
         self._host, self._port = host, port
         try:
-            self.httpd, self.thread = start_http_server(port, addr=host, registry=self.registry)
-        except OSError as e:
+            family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+        except socket.gaierror as e:
             raise LiveError(f"--metrics {host}:{port}: {e.strerror or e}") from None
-        self._port = self.httpd.server_port
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+            s.listen(BACKLOG)
+        except OSError as e:
+            s.close()
+            raise LiveError(f"--metrics {host}:{port}: {e.strerror or e}") from None
+        self.sock = s
+        self._port = s.getsockname()[1]
+        self._budget = Budget(limits.max_buffered)
+        handler = type("Handler", (_Handler,), {"app": staticmethod(make_wsgi_app(self.registry)),
+                                                "limits": limits, "budget": self._budget})
+        self.listener = Listener(s, f"metrics {self.address}", limits, lambda conn: handler(conn, _peer(conn), self))
 
     @property
     def address(self) -> str:
         return f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
 
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def clients(self) -> int:
+        """Clients connected now."""
+        return self.listener.clients
+
     def start(self) -> None:
-        pass  # already serving (it only reads counters)
+        self.listener.start()
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.listener.close()
+
+
+def _peer(conn: socket.socket):
+    try:
+        return conn.getpeername()
+    except OSError:
+        return None
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One HTTP/1.0 exchange: the request read against the client's deadline and caps,
+    answered by the WSGI app, the answer sent in one piece within send_timeout."""
+
+    app = None
+    limits: Limits = METRICS_LIMITS
+    budget: Budget = None
+
+    def setup(self) -> None:
+        self.connection = self.request
+        self.reader = DeadlineReader(self.request, self.limits, self.budget, own_cap=self.limits.max_request)
+        self.rfile = io.BufferedReader(self.reader, 4096)
+        self.wfile = io.BytesIO()  # sent whole in finish(), against the send deadline
+
+    def handle(self) -> None:
+        try:
+            super().handle()  # parses the request (answering 400/414/431/501 itself) and calls do_*
+        except OverBudget:
+            self.close_connection = True
+            log.debug("metrics: a request larger than %d bytes, closed", self.limits.max_request)
+
+    def finish(self) -> None:
+        try:
+            data = self.wfile.getvalue()
+            if data:
+                self.reader.send(data)
+        finally:
+            self.rfile.close()  # gives back what the reader holds
+
+    def _call_app(self) -> None:
+        path, _, query = self.path.partition("?")
+        environ = {"REQUEST_METHOD": self.command, "PATH_INFO": unquote(path, "latin-1"), "QUERY_STRING": query,
+                   "SERVER_PROTOCOL": self.request_version}
+        for k, v in self.headers.items():
+            environ["HTTP_" + k.upper().replace("-", "_")] = v
+        started = []
+        try:
+            body = b"".join(self.app(environ, lambda status, headers: started.append((status, headers))))
+            status, headers = started[0]
+        except Exception as e:  # noqa: BLE001 - a failed scrape is an answer and a log line
+            log.error("metrics: a scrape failed: %s: %s", type(e).__name__, e)
+            log.debug("where it failed", exc_info=True)
+            status, headers, body = "500 Internal Server Error", [("Content-Type", "text/plain")], b"scrape failed\n"
+        code, _, reason = status.partition(" ")
+        self.send_response(int(code), reason)
+        for h in headers:
+            self.send_header(*h)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_OPTIONS = do_PATCH = _call_app
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
+        log.debug("metrics: %s: " + format, self.client_address, *args)

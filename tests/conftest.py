@@ -15,7 +15,13 @@ import tempfile
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+# The one place the tests directory goes on sys.path: test modules import the shared
+# helpers package (tests/helpers) and the labs (tests/netns.py, ...) by name, whatever
+# pytest's import mode. A child interpreter gets it through PYTHONPATH (helpers.child_env).
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 _NOTES = []  # lines for the end of the run
 
 

@@ -13,20 +13,22 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from helpers import child_env
+from helpers.wait import wait_for
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-PRELUDE = f"""
+PRELUDE = """
 import json, os, signal, sys, time
-sys.path.insert(0, {HERE!r})
 from dpu import cleanup
+from helpers.wait import wait_for
 def ready(**info):
     print(json.dumps(info), flush=True)
-def wait_forever():
+def wait_forever():  # idle until the test's signal ends the child: waiting is the point
     while True:
         time.sleep(60)
 """
@@ -53,7 +55,7 @@ def _no_child_left():
 def spawn(code: str, argv=None, **env) -> subprocess.Popen:
     """A child interpreter running PRELUDE + code (or argv), this checkout importable."""
     p = subprocess.Popen(argv or [sys.executable, "-c", PRELUDE + code], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT, **env})
+                         stderr=subprocess.PIPE, text=True, env=child_env(**env))
     _children.append(p)
     return p
 
@@ -155,8 +157,7 @@ made = []
 cleanup.register(lambda: [os.rmdir(m) for m in made])
 with cleanup.deferred():
     ready()
-    while not cleanup._pending:  # until the test's signal has arrived (and been held)
-        time.sleep(0.01)
+    wait_for(lambda: cleanup._pending, 60, "the test's signal (held until the block ends)")
     made.append(os.path.join({str(tmp_path)!r}, "made"))
     os.mkdir(made[-1])
 print("after the block", flush=True)
@@ -239,13 +240,6 @@ def running(pid: int) -> bool:
         return False
 
 
-def wait_for(cond, what: str, timeout: float = 30):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def signalled(rc: int, sig: int) -> bool:
     return rc in (-sig, 128 + sig)
 
@@ -258,7 +252,7 @@ def check_setup_and_teardown(p: subprocess.Popen, sig: int, info: dict) -> None:
     rc, _, err = finish(p)
     assert signalled(rc, sig), f"exit status {rc}: {err[-2000:]}"
     assert not set(ns) & namespaces()
-    wait_for(lambda: not any(map(running, pids)), f"processes {pids} to end")
+    wait_for(lambda: not any(map(running, pids)), 30, f"processes {pids} to end")
     assert not any(map(os.path.exists, dirs))
 
 
@@ -323,7 +317,7 @@ wait_forever()
 
 
 def _tool_dir(tmp: str, prefix: str) -> str:
-    wait_for(lambda: any(n.startswith(prefix) for n in os.listdir(tmp)), f"the tool's {prefix}* directory")
+    wait_for(lambda: any(n.startswith(prefix) for n in os.listdir(tmp)), 30, f"the tool's {prefix}* directory")
     return next(os.path.join(tmp, n) for n in os.listdir(tmp) if n.startswith(prefix))
 
 
@@ -342,7 +336,7 @@ def test_ct_dump_leaves_no_temporary_directory(tmp_path):
     """dpu ct dump replays into a temporary directory. Its capture is a FIFO: the replay
     waits for it, the signal arrives meanwhile and is acted on once the replay returns."""
     from netns import write_pcap
-    from packets import PKT_UDP
+    from helpers.packets import PKT_UDP
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -147,10 +147,10 @@ def test_bench_burst_is_the_batch_size(capsys):
     dp, pkts, ports, _ = bench.BUILDERS["l3-rewrite-1k"]()
     data = pkts.data.tobytes()
     for burst, batches in ((32, 400), (None, 12800 // _core.DEFAULT_BURST), (256, 50)):
-        before = dp.stats()["pmd"]["batches"]
+        before = dp.stats()["workers_total"]["batches"]
         args = (data, pkts.offsets, pkts.lengths, ports, 12800) + (() if burst is None else (burst,))
         assert dp._core.bench(*args)[0] == 12800
-        assert dp.stats()["pmd"]["batches"] - before == batches, burst
+        assert dp.stats()["workers_total"]["batches"] - before == batches, burst
     with pytest.raises(ValueError, match="burst: 1..256, got 0"):
         dp._core.bench(data, pkts.offsets, pkts.lengths, ports, 100, 0)
 

@@ -536,7 +536,7 @@ def test_ctl_path_checks_before_anything_starts(work):
     """dpu run's --ctl: a regular file, a directory, a link to nothing or a
     path longer than sun_path is refused (dpu replaces only a stale socket)."""
     from dpu.errors import LiveError
-    from dpu.live import check_ctl_path
+    from dpu.control import check_ctl_path
 
     os.symlink(work / "nowhere", work / "dangling.ctl")
     for path, words in ((work / "fwd.txt", "a file that is not a socket"), (work, "a directory"),

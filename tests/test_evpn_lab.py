@@ -13,16 +13,16 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 import evpn_lab
 from evpn_lab import GATEWAY_MAC, TENANTS, Lab, LabError, NeighWatch, leftovers
+from helpers import child_env
+from helpers.wait import settle
 from netns import Capture, ip, nsexec, sh, socket_in
 
 pytestmark = pytest.mark.netns
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _frr_missing() -> str | None:
@@ -50,17 +50,6 @@ def lab(netns_ok):
     assert leftovers(lab.tag, lab.dir, lab.daemon_pids().values()) == []
 
 
-def _settled(probe, done, timeout: float = 30.0):
-    """probe()'s value once done(value) holds, or its last value after timeout: zebra
-    installs into the kernel a little after bgpd has the routes. Assert on what it returns."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if done(value) or time.monotonic() >= deadline:
-            return value
-        time.sleep(0.1)
-
-
 def _vxlan(frame: bytes):
     """(VNI, inner frame) of a VXLAN frame, else None."""
     from scapy.layers.l2 import Ether
@@ -84,9 +73,9 @@ def test_type2_and_type3_routes_exchanged(lab):
     the remote MACs into its EVPN tables."""
     for h in lab.hosts:
         others = set().union(*(lab.expected_routes(o) for o in lab.hosts if o is not h))
-        assert others <= _settled(lambda: lab.evpn_routes(h.frr), lambda got: others <= got), h.name
+        assert others <= settle(lambda: lab.evpn_routes(h.frr), lambda got: others <= got), h.name
     ep1, ep3 = lab.endpoint("h1", "red", 100), lab.endpoint("h3", "red", 100)
-    macs = _settled(lambda: lab.host("h2").frr.show("show evpn mac vni 100")["macs"],
+    macs = settle(lambda: lab.host("h2").frr.show("show evpn mac vni 100")["macs"],
                     lambda got: {ep1.mac, ep3.mac} <= got.keys())
     assert macs[ep1.mac]["type"] == "remote" and macs[ep1.mac]["remoteVtep"] == "172.31.0.11"
     assert macs[ep3.mac]["type"] == "remote" and macs[ep3.mac]["remoteVtep"] == "172.31.0.13"
@@ -124,7 +113,7 @@ def test_type5_route_reaches_a_remote_loopback(lab):
     """A type-5 route (h2's red loopback 10.255.2.1/32, redistributed connected) reaches
     h1 with the L3 VNI's route target and carries h1's endpoint's pings."""
     route = "[5]:[0]:[32]:[10.255.2.1] vni 4001 via 172.31.0.12"
-    assert route in _settled(lambda: lab.evpn_routes(lab.host("h1").frr), lambda got: route in got)
+    assert route in settle(lambda: lab.evpn_routes(lab.host("h1").frr), lambda got: route in got)
     assert lab.ping(lab.endpoint("h1", "red", 100), evpn_lab.tenant_loopback(2), count=2)
 
 
@@ -168,14 +157,14 @@ def test_shadow_endpoints_are_learnt_as_type2(lab):
         rep = json.loads(ip(h3.tenant_ns[ep.tenant], "-j", "link", "show", f"rep{ep.vni}").stdout)[0]
         assert "NO-CARRIER" in rep["flags"], rep
     want = {r for r in lab.expected_routes(h3) if r.startswith("[2]")}     # MAC and MAC+IP
-    assert want <= _settled(lambda: lab.evpn_routes(h1.frr), lambda got: want <= got)
+    assert want <= settle(lambda: lab.evpn_routes(h1.frr), lambda got: want <= got)
     pytest.importorskip("pyroute2", reason="the netlink reader needs pyroute2 (pip install pyroute2)")
     for t in TENANTS:
         eps = [e for e in h3.endpoints if e.tenant == t.name]
         macs = {(ep.vni, ep.mac, h3.vtep_ip) for ep in eps}
         neighbours = {(f"br{ep.vni}", ep.ip, ep.mac) for ep in eps}
         routes = {(f"{ep.ip}/32", h3.vtep_ip, f"br{t.l3vni}") for ep in eps}
-        got = _settled(lambda: evpn_lab.read_installed(h1.tenant_ns[t.name], {t.l3vni}),
+        got = settle(lambda: evpn_lab.read_installed(h1.tenant_ns[t.name], {t.l3vni}),
                        lambda g: macs <= g.macs and neighbours <= g.neighbours and routes <= g.routes)
         assert macs <= got.macs
         assert neighbours <= got.neighbours
@@ -201,7 +190,7 @@ def test_reader_lists_exactly_what_frr_installed(lab, tenant):
                              | {(l3, h.vtep_ip, h.router_mac) for h in remote}),
         routes=frozenset({(f"{ep.ip}/32", h.vtep_ip, l3) for h, ep in eps}
                          | {(f"{evpn_lab.tenant_loopback(h.index)}/32", h.vtep_ip, l3) for h in remote}))
-    got = _settled(lambda: evpn_lab.read_installed(lab.host("h3").tenant_ns[tenant], {t.l3vni}),
+    got = settle(lambda: evpn_lab.read_installed(lab.host("h3").tenant_ns[tenant], {t.l3vni}),
                    lambda g: g == want)
     assert got.macs == want.macs
     assert got.flood == want.flood
@@ -372,13 +361,13 @@ def test_teardown_leaves_nothing(netns_ok, how):
     missing = _frr_missing()
     if missing:
         pytest.skip(missing)
-    code = (f"import json, signal, sys; sys.path.insert(0, {HERE!r}); import evpn_lab\n"
+    code = ("import json, signal; import evpn_lab\n"
             "with evpn_lab.Lab(('shadow',)) as lab:\n"
             "    print(json.dumps([lab.tag, lab.dir, list(lab.daemon_pids().values())]), flush=True)\n"
             f"    if {how == 'exception'}: raise RuntimeError('a test failed inside the lab')\n"
             "    signal.pause()\n")
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, env=child_env())
     try:
         line = child.stdout.readline()
         assert line, f"the lab did not come up: {child.stderr.read()[-2000:]}"

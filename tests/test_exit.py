@@ -15,7 +15,8 @@ import sys
 
 import pytest
 from netns import write_pcap
-from packets import PKT_UDP
+from helpers import child_env
+from helpers.packets import PKT_UDP
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = 4
@@ -25,7 +26,7 @@ import atexit, os, sys, threading
 late = []
 atexit.register(lambda: print("late", late[0].stats()["workers_total"]["packets"] > 0))  # runs last
 from dpu import Dataplane
-data = bytes.fromhex({frame!r})  # tests/packets.py's PKT_UDP (scapy is not imported here: slow)
+data = bytes.fromhex({frame!r})  # tests/helpers/packets.py's PKT_UDP (scapy is not imported here: slow)
 dp = Dataplane(ports=["p1", "p2"], flows=["table=0,priority=1,actions=output:p2"])
 late.append(dp)
 started = threading.Event()
@@ -52,12 +53,11 @@ for i in range(10):
     # a call that runs for ever: exit waits a bounded time for it, then leaves it (and the
     # Dataplane it uses) to the process's end
     "endless": """
-import time
 import numpy as np
+from helpers.wait import wait_for
 one = (np.array([0], np.uint64), np.array([len(data)], np.uint32), np.array([1], np.uint32))
 threading.Thread(target=dp._core.bench, args=(data, *one, 1 << 62), daemon=True).start()
-while dp.stats()["workers_total"]["packets"] == 0:  # until it is inside
-    time.sleep(0.01)
+wait_for(lambda: dp.stats()["workers_total"]["packets"], 60, "the endless call to be inside the core")
 """,
 }
 
@@ -68,7 +68,7 @@ def test_exit_with_a_thread_inside_dataplane_calls(main, tmp_path):
     code = SETUP.format(frame=bytes(PKT_UDP).hex()) + MAIN[main].format(tmp=str(tmp_path), src=src)
     for run in range(RUNS if main != "endless" else 2):
         r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "PYTHONPATH": ROOT})
+                           env=child_env())
         assert (r.returncode, r.stderr) == (0, ""), f"run {run}: exit status {r.returncode}: {r.stderr[-3000:]}"
         # the main thread may still call in from an atexit hook run after the core's own
         assert r.stdout.split() == ["late", "True"], r.stdout

@@ -22,7 +22,7 @@ from hypothesis import strategies as st  # noqa: E402
 import dpu  # noqa: E402
 from dpu.cli import main  # noqa: E402
 from dpu.errors import DpuError  # noqa: E402
-from fuzzing import bounded, edited  # noqa: E402
+from helpers.fuzzing import bounded, edited  # noqa: E402
 
 
 # ---- the flow parser --------------------------------------------------------------------

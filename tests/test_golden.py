@@ -50,7 +50,7 @@ def test_golden_outputs_valid_on_the_wire(case, tshark):
     """tshark, checksums checked, finds nothing wrong in the NAT cases' outputs
     (the ICMP errors' quoted headers included). The other cases' outputs are
     checked by test_wire.py."""
-    from test_wire import assert_clean
+    from helpers.tshark import assert_clean
 
     c = make_golden.CASES[case]
     for port in make_golden.ports_of(c, "out"):

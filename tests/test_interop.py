@@ -16,7 +16,7 @@ from scapy.layers.vxlan import VXLAN
 
 from dpu import Dataplane
 from netns import KernelVtep, read_pcap, tshark as run_tshark, write_pcap
-from packets import (
+from helpers.packets import (
     BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_VNI, BROADCAST, NEXTHOP_MAC, RED_REMOTE_IP, RED_REMOTE_MAC, RED_VNI,
     UPLINK_MAC, VM1_IP, VM1_MAC, VM3_IP, VM3_MAC, VTEP_BLUE, VTEP_LOCAL, arp_request,
 )

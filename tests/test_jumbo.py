@@ -10,7 +10,7 @@ from scapy.all import ICMP, IP, UDP, Ether, Raw, rdpcap, wrpcap
 from scapy.layers.vxlan import VXLAN
 
 from dpu import Dataplane
-from packets import BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_VNI, VM1_IP, VM1_MAC, VTEP_BLUE, udp, vxlan
+from helpers.packets import BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_VNI, VM1_IP, VM1_MAC, VTEP_BLUE, udp, vxlan
 
 TOPO = os.path.join(os.path.dirname(__file__), "..", "examples", "topology.yaml")
 PORTS = ["p1", "p2"]

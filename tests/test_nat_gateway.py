@@ -11,7 +11,8 @@ from scapy.all import ARP, ICMP, IP, TCP, UDP, UDPerror, TCPerror, IPerror, Ethe
 from dpu import Dataplane
 from dpu.errors import TopologyError
 from dpu.topology import load_topology
-from packets import (BLUE_FLOATING, BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_SNAT, GW_MAC, INET_MAC, INET_NEXTHOP_MAC,
+from helpers.checksums import assert_checksums
+from helpers.packets import (BLUE_FLOATING, BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_SNAT, GW_MAC, INET_MAC, INET_NEXTHOP_MAC,
                      OTHER_SERVER, RED_SNAT, SERVER, VM1_IP, VM1_MAC, VM2_IP, VM2_MAC, VM3_IP, VM3_MAC, VTEP_BLUE,
                      from_internet, from_vm, vxlan)
 
@@ -50,21 +51,6 @@ def dp():
 def one(outs, port):
     assert [o.port for o in outs] == [port], [(o.port, Ether(o.data).summary()) for o in outs]
     return Ether(outs[0].data)
-
-
-def assert_checksums(pkt):
-    """Every checksum of a packet is what scapy computes from scratch."""
-    fresh = Ether(bytes(pkt))
-    for layer in (IP, TCP, UDP, ICMP, IPerror, UDPerror, TCPerror):
-        if layer in fresh and hasattr(fresh[layer], "chksum"):
-            if layer in (UDP, UDPerror) and fresh[layer].chksum == 0:
-                continue
-            want = fresh[layer].chksum
-            copy = Ether(bytes(pkt))
-            del copy[layer].chksum
-            if layer in (IPerror, UDPerror, TCPerror):  # quoted headers: recompute on the quoted packet alone
-                continue
-            assert Ether(bytes(copy))[layer].chksum == want, f"{layer.__name__} checksum"
 
 
 def drops(dp, tenant):

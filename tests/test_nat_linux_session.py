@@ -17,7 +17,7 @@ import pytest
 from scapy.all import IP, TCP, Ether, rdpcap, wrpcap
 
 from dpu import Dataplane
-from packets import BLUE_SNAT, GW_MAC, INET_MAC, INET_NEXTHOP_MAC, VM1_IP, VM1_MAC
+from helpers.packets import BLUE_SNAT, GW_MAC, INET_MAC, INET_NEXTHOP_MAC, VM1_IP, VM1_MAC
 import netns
 
 NAT_TOPO = os.path.join(os.path.dirname(__file__), "..", "examples", "nat-gateway.yaml")

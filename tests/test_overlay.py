@@ -10,7 +10,7 @@ from scapy.layers.vxlan import VXLAN
 from dpu import Dataplane
 from dpu.errors import TopologyError
 from dpu.topology import compile_topology, load_topology
-from packets import (
+from helpers.packets import (
     BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_VNI, BROADCAST, GW_MAC, NEXTHOP_MAC, RED_REMOTE_IP, RED_REMOTE_MAC,
     RED_VNI, UPLINK_MAC, VM1_IP, VM1_MAC, VM2_IP, VM2_MAC, VM3_IP, VM3_MAC, VTEP_BLUE, VTEP_LOCAL, VTEP_RED,
     arp_request, five_tuple_hash, udp, vxlan,

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
 
 from scapy.all import (  # noqa: E402
@@ -229,7 +227,7 @@ def cut(pkt, n: int) -> bytes:
 
 def csum0_port() -> int:
     """A UDP source port that makes the udp4() packet's rewritten checksum 0."""
-    from model import csum_incremental
+    from helpers.model import csum_incremental
 
     data = bytes(udp4())
     c = int.from_bytes(data[40:42], "big")
@@ -594,11 +592,11 @@ def test_case(ovs, case: Case):
 #    groups have one bucket and buckets are in action-set order (DEVIATIONS);
 #  * write_metadata comes last (before goto_table), as OpenFlow 1.1+ orders
 #    instructions.
-# Packets come from tests/test_differential.py's generator (mangled headers,
-# truncations, fragments, extension headers, VLAN and QinQ, ARP, LLC); those
-# shorter than an Ethernet header cannot be injected into OVS and are left out.
+# Packets come from the differential tests' generator (tests/helpers/differential.py:
+# mangled headers, truncations, fragments, extension headers, VLAN and QinQ, ARP, LLC);
+# those shorter than an Ethernet header cannot be injected into OVS and are left out.
 
-import test_differential as td  # noqa: E402
+from helpers import differential as td  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

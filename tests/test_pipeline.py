@@ -4,7 +4,7 @@ import pytest
 from scapy.all import ARP, IP, SCTP, TCP, UDP, Dot1Q, Ether, ICMP, IPv6, IPv6ExtHdrFragment, Raw, ICMPv6EchoRequest
 
 from dpu import Dataplane
-from packets import PKT_ARP, PKT_ICMP, PKT_TCP, PKT_UDP, PKT_V6, five_tuple_hash
+from helpers.packets import PKT_ARP, PKT_ICMP, PKT_TCP, PKT_UDP, PKT_V6, five_tuple_hash
 
 PORTS = ["p1", "p2", "p3", "p4"]
 
@@ -190,7 +190,7 @@ def test_change_is_seen_by_next_batch_and_caches_never_stale():
     assert [o.port for o in dp.process(PKT_UDP, in_port="p1")] == ["p3"]
     dp.del_flows("in_port=p1")
     assert dp.process(PKT_UDP, in_port="p1") == []
-    pmd = dp.stats()["pmd"]
+    pmd = dp.stats()["workers_total"]
     assert pmd["cache_flushes"] == 2
     assert pmd["upcalls"] == 3 and pmd["megaflow_hits"] + pmd["emc_hits"] == 2
 
@@ -200,7 +200,7 @@ def test_cache_levels_counted():
     pkts = [E / IP(dst=f"10.0.0.{i}") / UDP(sport=i) for i in range(1, 50)]
     dp.process(pkts, in_port="p1")
     dp.process(pkts, in_port="p1")
-    pmd = dp.stats()["pmd"]
+    pmd = dp.stats()["workers_total"]
     assert pmd["packets"] == 98 and pmd["upcalls"] == 1 and pmd["megaflows"] == 1
     assert pmd["emc_hits"] + pmd["megaflow_hits"] == 97
 
@@ -219,7 +219,7 @@ def test_emc_bypassed_while_it_misses_and_used_again_when_it_hits():
         pkts = gen.generate(tmpl, flows, flows=flows, vary={"ip.dst": "10.1.0.0-10.1.255.255"}, size=64)
         ports = np.full(len(pkts), dp.port_number("p1"), dtype=np.uint32)
         dp._core.bench(pkts.data.tobytes(), pkts.offsets, pkts.lengths, ports, n)
-        return dp.stats()["pmd"]
+        return dp.stats()["workers_total"]
 
     many = run(40_000, 400_000)
     assert many["emc_skipped"] > 300_000, many
@@ -244,9 +244,9 @@ def test_emc_keeps_ten_thousand_flows_by_moving_keys():
     pkts = gen.generate(tmpl, 10_000, flows=10_000, vary={"ip.dst": "10.1.0.0-10.1.255.255"}, size=64)
     ports = np.full(len(pkts), dp.port_number("p1"), dtype=np.uint32)
     dp._core.bench(pkts.data.tobytes(), pkts.offsets, pkts.lengths, ports, 400_000)
-    before = dp.stats()["pmd"]
+    before = dp.stats()["workers_total"]
     dp._core.bench(pkts.data.tobytes(), pkts.offsets, pkts.lengths, ports, 400_000)
-    after = dp.stats()["pmd"]
+    after = dp.stats()["workers_total"]
     hits = (after["emc_hits"] - before["emc_hits"]) / (after["packets"] - before["packets"])
     assert hits > 0.999, (hits, after)
 

@@ -13,7 +13,7 @@ from scapy.all import IP, UDP, Ether, PcapWriter, Raw
 
 from dpu import Dataplane, _core, report
 from dpu.cli import main as cli_main
-from packets import (
+from helpers.packets import (
     BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_VNI, NEXTHOP_MAC, UPLINK_MAC, VM1_IP, VM1_MAC, VTEP_BLUE, udp, vxlan,
 )
 

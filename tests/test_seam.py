@@ -308,7 +308,8 @@ def test_a_topology_with_a_bad_timeout_or_zone_is_refused_and_nothing_changes():
 
 
 def test_ct_timeouts_are_the_cores():
-    from dpu import dataplane, topology
+    from dpu import dataplane
+    from dpu.topology import schema as topology
 
     fresh = Dataplane().ct_config()
     assert fresh["timeouts"] == {name: default for name, default, _ in _core.CT_TIMEOUTS} == dataplane.CT_TIMEOUTS

@@ -31,6 +31,7 @@ from scapy.all import IP, TCP, UDP, VXLAN, Ether, IPv6, Raw, wrpcap
 
 from dpu import _core, cleanup
 
+from helpers.wait import wait_for
 from netns import ip, nsexec, sh, sysctl
 
 MB = 1 << 20
@@ -489,12 +490,9 @@ def test_a_tunnel_dpu_cannot_cut_is_dropped_with_its_reason_and_one_warning(tmp_
         # the sink runs in dpu's namespace, the source on the VTEP
         assert lab.transfer("dpu", "vtep", "10.9.0.1", 5003, 2 * MB) == "10.9.0.2"
         assert lab.transfer("dpu", "vtep", "10.9.0.1", 5004, 2 * MB) == "10.9.0.2"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            drops = d.stats()["ports"]["p0"]["drops"]
-            if drops.get("offload_unsupported", 0):
-                break
-            time.sleep(0.1)
+        wait_for(lambda: d.stats()["ports"]["p0"]["drops"].get("offload_unsupported", 0), 30,
+                 "an offload_unsupported drop counted on p0")
+        drops = d.stats()["ports"]["p0"]["drops"]
         assert drops.get("offload_unsupported", 0) > 0, drops
         assert drops.get("vxlan_bad_checksum", 0) == 0, drops
         # Not a wait for anything: the live loop looks every 0.5 s, and a loop that logged on each

@@ -3,37 +3,15 @@ decodes every output packet (outer and inner) with no malformed packet and no
 bad checksum."""
 import os
 import random
-import subprocess
 
 from scapy.all import ICMP, IP, TCP, UDP, Dot1Q, Ether, ICMPv6EchoRequest, IPv6, Raw, wrpcap
 from scapy.layers.vxlan import VXLAN
 
 from dpu import Dataplane
-from packets import BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_VNI, BROADCAST, VM1_IP, VM1_MAC, VM2_IP, VM2_MAC, VTEP_BLUE, udp, vxlan
+from helpers.packets import BLUE_REMOTE_IP, BLUE_REMOTE_MAC, BLUE_VNI, BROADCAST, VM1_IP, VM1_MAC, VM2_IP, VM2_MAC, VTEP_BLUE, udp, vxlan
+from helpers.tshark import assert_clean, tshark_fields
 
 TOPO = os.path.join(os.path.dirname(__file__), "..", "examples", "topology.yaml")
-
-BAD = ("_ws.malformed || ip.checksum.status == 0 || udp.checksum.status == 0 || tcp.checksum.status == 0"
-       " || icmp.checksum.status == 0 || icmpv6.checksum.status == 0 || _ws.expert.severity == \"Error\"")
-
-
-def tshark_fields(tshark, path, fields, display=None):
-    cmd = [tshark, "-n", "-r", str(path), "-o", "ip.check_checksum:TRUE", "-o", "udp.check_checksum:TRUE",
-           "-o", "tcp.check_checksum:TRUE", "-T", "fields"]
-    for f in fields:
-        cmd += ["-e", f]
-    if display:
-        cmd += ["-Y", display]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return [line.split("\t") for line in r.stdout.splitlines()]
-
-
-def assert_clean(tshark, path, expected_frames):
-    bad = tshark_fields(tshark, path, ["frame.number", "_ws.col.Protocol", "_ws.col.Info"], BAD)
-    assert bad == [], f"{path}: tshark reports problems:\n" + "\n".join("\t".join(b) for b in bad)
-    frames = tshark_fields(tshark, path, ["frame.number"])
-    assert len(frames) == expected_frames
 
 
 def random_packets(rng, n):

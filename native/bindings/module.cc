@@ -421,7 +421,7 @@ py::dict ct_stats(Dataplane& dp) {
   d["recirc_ids"] = dp.recirc().size();
   uint64_t created = 0, expired = 0, removed = 0;
   for (size_t i = 0; i < dp.n_workers(); i++) {
-    const CtWorker::Counts c = dp.worker(i).ct_worker().counts();
+    const CtWorker::Counts c = dp.worker(i).ct_counts();
     created += c.created;
     expired += c.expired;
     removed += c.removed;
@@ -827,17 +827,13 @@ std::vector<MegaflowRow> dump_megaflows(Dataplane& dp) {
   PortNameSnapshot names(dp);
   std::vector<MegaflowRow> rows;
   for (size_t i = 0; i < dp.n_workers(); i++) {
-    Worker& w = dp.worker(i);
-    std::lock_guard<std::mutex> g(w.mu);
-    std::vector<MegaflowDump> v;
-    w.dump_megaflows(&v);
-    for (const MegaflowDump& d : v) {
+    dp.worker(i).dump_megaflows([&](const MegaflowDump& d) {
       Match m;
       m.value = d.key;
       m.mask = d.mask;
       rows.push_back({i, format_match(m, 0, false, &names), format_dp_actions(*d.actions, &names), d.n_packets,
                       d.n_bytes});
-    }
+    });
   }
   return rows;
 }
@@ -1097,25 +1093,21 @@ void bind_packets(DataplaneClass& c) {
       .def("set_profile",
            [](Dataplane& dp, bool on) {
              NativeCall nogil;
-             std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_profile(on);
            })
       .def("set_emc_insert_inv_prob",
            [](Dataplane& dp, uint32_t n) {
              NativeCall nogil;
-             std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_emc_insert_inv_prob(n);
            })
       .def("set_fast_tunnel",
            [](Dataplane& dp, bool on) {
              NativeCall nogil;
-             std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_fast_tunnel(on);
            })
       .def("set_max_megaflows",
            [](Dataplane& dp, size_t n) {
              NativeCall nogil;
-             std::lock_guard<std::mutex> g(dp.worker(0).mu);
              dp.worker(0).set_max_megaflows(n);
            })
       .def("version", &Dataplane::version)

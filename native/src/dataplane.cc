@@ -840,10 +840,7 @@ void Dataplane::set_frag_nx_match(bool on) {
 }
 
 void Dataplane::sync_stats() {
-  for (auto& w : workers_) {
-    std::lock_guard<std::mutex> g(w->mu);
-    w->push_stats();
-  }
+  for (auto& w : workers_) w->push_stats();
 }
 
 Status Dataplane::dump_flows(const std::string& selector, bool strict, std::vector<FlowDump>* out) {
@@ -911,11 +908,10 @@ Totals Dataplane::totals() {
   for (const PortInfo& p : ps) tot.ports.push_back({p.ofport, PortCounters()});
   for (auto& w : workers_) {  // no lock: a scrape never waits for a batch; each counter read relaxed
     for (auto& pc : tot.ports)
-      if (pc.first < w->ports.size()) pc.second.add(w->ports[pc.first]);
-    for (size_t t = 0; t < tot.tenants.size() && t < w->tenants.size(); t++) tot.tenants[t].add(w->tenants[t]);
-    tot.workers_total.add(w->counters);
-    WorkerCounters mine;
-    mine.add(w->counters);
+      if (pc.first < w->ports().size()) pc.second.add(w->ports()[pc.first]);
+    for (size_t t = 0; t < tot.tenants.size() && t < w->tenants().size(); t++) tot.tenants[t].add(w->tenants()[t]);
+    const WorkerCounters mine = w->counters();
+    tot.workers_total.add(mine);
     tot.workers.push_back(mine);
     tot.worker_megaflows.push_back(w->megaflow_count());
     tot.megaflows += w->megaflow_count();
@@ -1128,13 +1124,10 @@ Status Dataplane::trace(const uint8_t* pkt, size_t len, uint32_t in_port, TraceR
   p->len = static_cast<uint16_t>(len);
   p->md.in_port = in_port;
   b.push(p);
-  {
-    std::lock_guard<std::mutex> g(w.mu);
-    w.process(b);
-  }
-  for (size_t i = 0; i < w.ports.size(); i++)
+  w.process(b);
+  for (size_t i = 0; i < w.ports().size(); i++)
     for (int r = 1; r < DROP_COUNT; r++)
-      if (w.ports[i].drops[r]) out->drop_reason = static_cast<uint16_t>(r);
+      if (w.ports()[i].drops[r]) out->drop_reason = static_cast<uint16_t>(r);
   return Status::Ok();
 }
 

@@ -17,7 +17,7 @@
 #include "dpu/ofparse.h"
 #include "dpu/status.h"
 #include "ports.h"
-#include "worker.h"
+#include "stage.h"
 
 namespace dpu {
 

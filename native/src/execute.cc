@@ -1,6 +1,7 @@
-// execute.cc: the out-of-line parts of the action executor (execute.h): the
-// entry used by clones (group buckets) to recurse, and the CRC32c that SCTP
-// checksums need after a port rewrite. Worker thread only.
+// execute.cc: the out-of-line parts of the execute stage (execute.h): the
+// entry clones (group buckets) and the conntrack stage's continuations use,
+// and the CRC32c that SCTP checksums need after a port rewrite. Worker thread
+// only.
 #include <cstddef>
 #include <cstdint>
 
@@ -8,9 +9,9 @@
 
 namespace dpu {
 
-void Worker::run_actions_nested(Packet* p, const Flow& key, const DpAction* a, size_t n,
-                                std::vector<Packet*>& recirc) {
-  run_actions(p, key, a, n, recirc);
+void ExecuteStage::run_nested(StageEnv& env, TransmitStage& tx, CtStage& ct, Packet* p, const Flow& key,
+                              const DpAction* a, size_t n, std::vector<Packet*>& recirc) {
+  run(env, tx, ct, p, key, a, n, recirc);
 }
 
 uint32_t crc32c(const uint8_t* p, size_t n) {

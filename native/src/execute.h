@@ -4,25 +4,28 @@
 //        hashes and ICMP replies), and the DpAction list (dp_actions.h).
 // Sets:  header bytes (masked writes with RFC 1624 incremental checksum updates
 //        of IPv4 header, TCP, UDP and ICMPv6 checksums; SCTP's CRC32c is
-//        patched), VLAN tags, and the per-arrival output/drop bookkeeping.
+//        patched), VLAN tags, VXLAN headers (push and pop: vxlan.cc), and the
+//        per-arrival output/drop bookkeeping (Arrivals, stage.h).
 //        Which checksums a write touches, and when a header is too short to
 //        be written, follow Open vSwitch 3.1's datapath (lib/odp-execute.c,
 //        lib/packets.c); parse.h sets the offsets accordingly.
-// Next:  per-port tx queues (Worker::emit), the recirculation list (TNL_POP),
-//        or the conntrack stage (CT, ct_stage.cc).
+// Next:  the transmit stage (transmit.h), the recirculation list (TNL_POP),
+//        or the conntrack stage (CT, ct_stage.h).
 //
 // The last action that sends the packet takes the buffer itself; earlier ones
 // send copies. A UDP checksum of 0 over IPv4 means "none" and stays 0; a
 // recomputed UDP checksum of 0 is sent as 0xffff. Never allocates except for
 // packet copies from the worker's pool, never throws. Worker thread only.
-// Header-only (but for the CRC32c of SCTP, in execute.cc) so the batch loop
-// in worker.cc inlines the executor.
+// Header-only (but for the CRC32c of SCTP, the clones' recursion and VXLAN,
+// in execute.cc and vxlan.cc) so the batch loop inlines the executor.
 #pragma once
 
 #include <algorithm>
 
 #include "checksum.h"
-#include "worker.h"
+#include "ct_stage.h"
+#include "stage.h"
+#include "transmit.h"
 
 namespace dpu {
 
@@ -250,19 +253,48 @@ inline void set_vlan(Packet* p, const DpAction& a) {
 
 }  // namespace exec
 
-void Worker::run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n, std::vector<Packet*>& recirc) {
+struct ExecuteCounters {
+#define DPU_EXECUTE_COUNTER(m, n, h) uint64_t m = 0;
+#include "dpu/counters.def"
+#undef DPU_EXECUTE_COUNTER
+};
+
+class ExecuteStage {
+ public:
+  // The actions a[0..n) on p (key: its pass's flow key). Packets leave to
+  // the transmit stage, the conntrack stage or `recirc` (TNL_POP), or die.
+  __attribute__((always_inline)) inline void run(StageEnv& env, TransmitStage& tx, CtStage& ct, Packet* p,
+                                                 const Flow& key, const DpAction* a, size_t n,
+                                                 std::vector<Packet*>& recirc);
+  // The same, out of line: clones (group buckets) recurse through it, and
+  // the conntrack stage runs what follows a ct through it.
+  void run_nested(StageEnv& env, TransmitStage& tx, CtStage& ct, Packet* p, const Flow& key, const DpAction* a,
+                  size_t n, std::vector<Packet*>& recirc);
+  const ExecuteCounters& counters() const { return counters_; }
+
+ private:
+  // vxlan.cc
+  bool tnl_push(StageEnv& env, TransmitStage& tx, Packet* p, const Flow& key, const DpAction& a);
+  // Validates and strips VXLAN (the TNL_POP action); DROP_NONE on success.
+  uint16_t tnl_pop(StageEnv& env, Packet* p, const DpAction& a);
+  void send_too_big(StageEnv& env, TransmitStage& tx, Packet* p, const Flow& key, const TnlHeader& a);
+  ExecuteCounters counters_;
+};
+
+inline void ExecuteStage::run(StageEnv& env, TransmitStage& tx, CtStage& ct, Packet* p, const Flow& key,
+                              const DpAction* a, size_t n, std::vector<Packet*>& recirc) {
   for (size_t i = 0; i < n; i++) {
     const DpAction& act = a[i];
     const bool last = i + 1 == n;
     switch (act.type) {
       case Dp::OUTPUT: {
         if (last) {
-          emit(act.port, p, true);
+          tx.emit(env, act.port, p, true);
           return;
         }
-        Packet* c = copy(p);
-        if (c) emit(act.port, c, true);
-        else reason_[p->origin] = DROP_NO_BUFFER;
+        Packet* c = env.copy(p);
+        if (c) tx.emit(env, act.port, c, true);
+        else env.arrivals.set_reason(p, DROP_NO_BUFFER);
         break;
       }
       case Dp::SET_ETH:
@@ -290,18 +322,18 @@ void Worker::run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n
         exec::set_arp(p, act);
         break;
       case Dp::TNL_PUSH: {
-        Packet* c = last ? p : copy(p);
+        Packet* c = last ? p : env.copy(p);
         if (!c) {
-          reason_[p->origin] = DROP_NO_BUFFER;
+          env.arrivals.set_reason(p, DROP_NO_BUFFER);
           break;
         }
-        if (tnl_push(c, key, act)) emit(act.port, c, true);
+        if (tnl_push(env, tx, c, key, act)) tx.emit(env, act.port, c, true);
         if (last) return;
         break;
       }
       case Dp::TNL_POP: {
-        uint16_t r = tnl_pop(p, act);
-        if (r != DROP_NONE) drop(p, r);
+        uint16_t r = tnl_pop(env, p, act);
+        if (r != DROP_NONE) env.drop(p, r);
         else recirc.push_back(p);
         return;  // always the last action
       }
@@ -309,30 +341,30 @@ void Worker::run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n
         size_t inner = act.n_nested;
         if (i + inner + 1 == n) {
           // Nothing follows the clone: run it on the packet itself.
-          run_actions_nested(p, key, a + i + 1, inner, recirc);
+          run_nested(env, tx, ct, p, key, a + i + 1, inner, recirc);
           return;
         }
-        Packet* c = copy(p);
-        if (c) run_actions_nested(c, key, a + i + 1, inner, recirc);
-        else reason_[p->origin] = DROP_NO_BUFFER;
+        Packet* c = env.copy(p);
+        if (c) run_nested(env, tx, ct, c, key, a + i + 1, inner, recirc);
+        else env.arrivals.set_reason(p, DROP_NO_BUFFER);
         i += inner;
         break;
       }
       case Dp::DROP:
-        drop(p, act.reason);
+        env.drop(p, act.reason);
         return;
       case Dp::CT: {
         if (act.ct->recirc_id == 0) {  // ct without table: the packet itself, the rest after the stage
-          ct_enqueue(p, act, key, a + i + 1, n - i - 1);
+          ct.enqueue(p, act, key, a + i + 1, n - i - 1);
           return;
         }
         if (last) {
-          ct_enqueue(p, act, key, nullptr, 0);
+          ct.enqueue(p, act, key, nullptr, 0);
           return;
         }
-        Packet* c = copy(p);  // the tracked copy resumes elsewhere; this one goes on untracked
-        if (c) ct_enqueue(c, act, key, nullptr, 0);
-        else reason_[p->origin] = DROP_NO_BUFFER;
+        Packet* c = env.copy(p);  // the tracked copy resumes elsewhere; this one goes on untracked
+        if (c) ct.enqueue(c, act, key, nullptr, 0);
+        else env.arrivals.set_reason(p, DROP_NO_BUFFER);
         break;
       }
       case Dp::CT_CLEAR:
@@ -342,7 +374,7 @@ void Worker::run_actions(Packet* p, const Flow& key, const DpAction* a, size_t n
         break;
     }
   }
-  drop(p, DROP_NONE);
+  env.drop(p, DROP_NONE);
 }
 
 }  // namespace dpu

@@ -123,9 +123,7 @@ void LiveRunner::stop() {
 
 void LiveRunner::set_drop_sinks(DropSink* s) {
   for (size_t w = cfg_.first_worker; w < dp_->n_workers(); w++) {
-    Worker& wk = dp_->worker(w);
-    std::lock_guard<std::mutex> g(wk.mu);
-    wk.set_drop_sink(s);
+    dp_->worker(w).set_drop_sink(s);
   }
 }
 
@@ -245,13 +243,12 @@ void LiveRunner::loop(size_t wi) {
     const int64_t t0 = mono_ns();
     for (size_t k = 0; k < qs.size(); k++) {
       PortQueue& q = *qs[(rr + k) % qs.size()];
-      std::lock_guard<std::mutex> g(w.mu);
-      got += w.receive(q, cfg_.burst, sink.get());
+      got += w.receive(q, cfg_.burst, sink.get());  // under the worker's lock, one burst
     }
     rr++;
     const int64_t t1 = mono_ns();
     if (got) {
-      w.counters.busy_ns += static_cast<uint64_t>(t1 - t0);
+      w.add_time(static_cast<uint64_t>(t1 - t0), 0);
       if (++busy_rounds >= cfg_.yield_every) {  // let the kernel's receive work run
         busy_rounds = 0;
         sched_yield();
@@ -261,15 +258,12 @@ void LiveRunner::loop(size_t wi) {
       if (poll(pfds.data(), pfds.size(), static_cast<int>(cfg_.idle_ms)) > 0)
         for (size_t i = 0; i < pfds.size(); i++)
           if (pfds[i].revents & POLLERR) qs[i]->clear_error();
-      w.counters.idle_ns += static_cast<uint64_t>(mono_ns() - t1);
+      w.add_time(0, static_cast<uint64_t>(mono_ns() - t1));
     }
     if (t1 - last_house >= house_ns) {
       last_house = t1;
       for (auto& q : qs) q->refresh_counters();
-      {
-        std::lock_guard<std::mutex> g(w.mu);
-        w.housekeeping();
-      }
+      w.housekeeping();
       if (reattach(wi, t1)) wire();
     }
   }

@@ -132,14 +132,8 @@ Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offse
   Worker& w = dp->worker(worker);
   MemRx rx(data, offsets, lens, ports, ts, n, false, true);
   CaptureSink sink(out, rx.burst_index());
-  while (rx.more()) {
-    std::lock_guard<std::mutex> g(w.mu);  // one burst at a time, as a live worker takes them
-    w.receive(rx, kBatchMax, &sink);
-  }
-  {  // the call's counts reach the rules before it returns (stats() reads them without a lock)
-    std::lock_guard<std::mutex> g(w.mu);
-    w.push_stats();
-  }
+  while (rx.more()) w.receive(rx, kBatchMax, &sink);  // one burst at a time, as a live worker takes them
+  w.push_stats();  // the call's counts reach the rules before it returns (stats() reads them without a lock)
   // Input order, then the order the actions emitted (as OVS's ofproto/trace reads).
   std::stable_sort(out->pkts.begin(), out->pkts.end(), [](const MemPacket& a, const MemPacket& b) {
     return a.index != b.index ? a.index < b.index : a.seq < b.seq;
@@ -159,15 +153,10 @@ BenchStats bench_run(Dataplane* dp, const uint8_t* data, const uint64_t* offsets
   MemRx rx(data, offsets, lens, ports, nullptr, n, true, false);
   auto t0 = std::chrono::steady_clock::now();
   uint64_t done = 0;
-  while (done < total) {
-    std::lock_guard<std::mutex> g(w.mu);  // per burst, as a live worker would
+  while (done < total)  // the worker's lock per burst, as a live worker takes it
     done += w.receive(rx, static_cast<uint32_t>(std::min<uint64_t>(burst, total - done)), sink);
-  }
   auto t1 = std::chrono::steady_clock::now();
-  {
-    std::lock_guard<std::mutex> g(w.mu);
-    w.push_stats();
-  }
+  w.push_stats();
   bs.packets = done;
   bs.seconds = std::chrono::duration<double>(t1 - t0).count();
   return bs;
@@ -285,15 +274,10 @@ bool Replayer::run(uint64_t max_packets, Status* st) {
   const uint64_t start = rx_->records();
   while (rx_->more() && (max_packets == 0 || rx_->records() - start < max_packets)) {
     uint64_t left = max_packets ? max_packets - (rx_->records() - start) : kBatchMax;
-    std::lock_guard<std::mutex> g(w.mu);
-    w.set_drop_sink(drops_.get());  // this replay's bursts only
-    w.receive(*rx_, static_cast<uint32_t>(std::min<uint64_t>(kBatchMax, left)), writers_.get());
-    w.set_drop_sink(nullptr);
+    // (this replay's bursts only: their drops to this replay's file)
+    w.receive(*rx_, static_cast<uint32_t>(std::min<uint64_t>(kBatchMax, left)), writers_.get(), drops_.get());
   }
-  {
-    std::lock_guard<std::mutex> g(w.mu);
-    w.push_stats();
-  }
+  w.push_stats();
   if (!rx_->status().ok()) {
     *st = rx_->status();
     done_ = true;

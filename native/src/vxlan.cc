@@ -19,32 +19,33 @@
 //
 // Counters: a push counts the inner frame as tx of the tunnel port (the one
 // on that underlay, of that address family) and in tunnel_pushes; a pop
-// counts the decapsulated frame as rx of the tunnel port (worker.cc counts
+// counts the decapsulated frame as rx of the tunnel port (classify.h counts
 // the pops it fuses into parsing the same way).
 //
-// Worker thread only; no allocation except the ICMP reply from the pool.
+// Part of the execute stage (execute.h). Worker thread only; no allocation
+// except the ICMP reply from the pool.
 #include <algorithm>
 
 #include "checksum.h"
 #include "dpu/mem.h"
+#include "execute.h"
 #include "vxlan.h"
-#include "worker.h"
 
 namespace dpu {
 
-bool Worker::tnl_push(Packet* p, const Flow& key, const DpAction& act) {
+bool ExecuteStage::tnl_push(StageEnv& env, TransmitStage& tx, Packet* p, const Flow& key, const DpAction& act) {
   const TnlHeader& a = *act.tnl;
   const uint32_t inner = p->len;
   const uint32_t hdr = a.hdr_len;
   const uint32_t ip_hdr = a.ipv6 ? 40 : 20;
   if (ip_hdr + 16 + inner > a.mtu) {
-    send_too_big(p, key, a);
-    drop(p, DROP_MTU);
+    send_too_big(env, tx, p, key, a);
+    env.drop(p, DROP_MTU);
     return false;
   }
   if (p->data_off < hdr) {  // headroom used up (nested encapsulation): re-centre the frame
     if (kHeadroom + p->len > p->buf_size()) {
-      drop(p, DROP_OVERSIZE);
+      env.drop(p, DROP_OVERSIZE);
       return false;
     }
     std::memmove(p->buf + kHeadroom, p->data(), p->len);
@@ -73,31 +74,32 @@ bool Worker::tnl_push(Packet* p, const Flow& key, const DpAction& act) {
   }
   p->l3_ofs = 14;
   p->l4_ofs = static_cast<uint16_t>(14 + ip_hdr);
-  counters.tunnel_pushes++;
-  for (const TunnelTx& t : tnl_tx_) {
+  counters_.tunnel_pushes++;
+  for (const PortView::TunnelTx& t : env.view.tnl_tx) {
     if (t.underlay == act.port && t.ipv6 == a.ipv6) {
-      ports[t.port].tx_packets++;
-      ports[t.port].tx_bytes += inner;
+      env.ports[t.port].tx_packets++;
+      env.ports[t.port].tx_bytes += inner;
       break;
     }
   }
   return true;
 }
 
-uint16_t Worker::tnl_pop(Packet* p, const DpAction& act) {
+uint16_t ExecuteStage::tnl_pop(StageEnv& env, Packet* p, const DpAction& act) {
   uint16_t r = vxlan_pop(p, *act.tnl, act.port);
-  if (r == DROP_NONE) count_tunnel_rx(act.port, p->len);
+  if (r == DROP_NONE) env.count_tunnel_rx(act.port, p->len);
   return r;
 }
 
 // ICMP "fragmentation needed" / ICMPv6 "packet too big" back to the sender,
 // addressed from the original destination (as Linux does for bridged tunnels).
-void Worker::send_too_big(Packet* p, const Flow& key, const TnlHeader& a) {
+void ExecuteStage::send_too_big(StageEnv& env, TransmitStage& tx, Packet* p, const Flow& key, const TnlHeader& a) {
   const uint32_t in = p->md.in_port;
-  if (in >= is_tunnel_.size() || is_tunnel_[in] || p->l3_ofs == kNoOffset) return;
+  const std::vector<uint8_t>& is_tunnel = env.view.is_tunnel;
+  if (in >= is_tunnel.size() || is_tunnel[in] || p->l3_ofs == kNoOffset) return;
   // One error per arrival (a flood to several VTEPs fails once per copy), and
   // never for broadcast/multicast or from a non-unicast source (RFC 1122 3.2.2).
-  if (icmp_sent_[p->origin]) return;
+  if (env.arrivals.icmp_sent(p)) return;
   if ((key.dl_dst[0] & 1) || (key.dl_src[0] & 1)) return;
   const uint16_t type = be16(key.dl_type);
   const uint8_t* orig = p->data() + p->l3_ofs;
@@ -116,7 +118,7 @@ void Worker::send_too_big(Packet* p, const Flow& key, const TnlHeader& a) {
   } else {
     return;
   }
-  Packet* r = pool_.get();
+  Packet* r = env.pool.get();
   if (!r) return;
   r->md = p->md;
   r->tun6 = p->tun6;
@@ -173,8 +175,8 @@ void Worker::send_too_big(Packet* p, const Flow& key, const TnlHeader& a) {
     store16(icmp + 2, csum(icmp, plen, pseudo_sum_v6(ip + 8, ip + 24, kIpIcmpv6, plen)));
     r->len = static_cast<uint16_t>(off + 2 + 40 + plen);
   }
-  icmp_sent_[p->origin] = 1;
-  emit(in, r, false);
+  env.arrivals.mark_icmp_sent(p);
+  tx.emit(env, in, r, false);
 }
 
 }  // namespace dpu

@@ -9,6 +9,8 @@ import struct
 
 from scapy.all import ARP, ICMP, IP, TCP, UDP, Ether, IPv6, Raw  # noqa: F401
 
+from .checksums import inet_checksum
+
 MAC_IN, MAC_OUT = "02:00:00:00:00:aa", "02:00:00:00:00:bb"
 E = Ether(src=MAC_IN, dst=MAC_OUT)
 
@@ -74,15 +76,6 @@ UDP_QUERY = udp(CLIENT, 5000, SERVER, 53, b"query")
 UDP_ANSWER = udp(SERVER, 53, CLIENT, 5000, b"answer")
 
 
-def _csum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\x00"
-    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while s >> 16:
-        s = (s & 0xFFFF) + (s >> 16)
-    return ~s & 0xFFFF
-
-
 def _aton(a: str) -> bytes:
     return bytes(int(x) for x in a.split("."))
 
@@ -95,9 +88,9 @@ def fast_udp(src, sport, dst, dport, payload=b"q", ttl=64, ident=1):
     ulen = 8 + len(payload)
     pseudo = s + d + struct.pack("!BBH", 0, 17, ulen)
     uh = struct.pack("!HHHH", sport, dport, ulen, 0)
-    c = _csum(pseudo + uh + payload) or 0xFFFF
+    c = inet_checksum(pseudo + uh + payload) or 0xFFFF
     uh = struct.pack("!HHHH", sport, dport, ulen, c)
     iph = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + ulen, ident, 0, ttl, 17, 0, s, d)
-    iph = iph[:10] + struct.pack("!H", _csum(iph)) + iph[12:]
+    iph = iph[:10] + struct.pack("!H", inet_checksum(iph)) + iph[12:]
     eth = bytes.fromhex(MAC_OUT.replace(":", "")) + bytes.fromhex(MAC_IN.replace(":", "")) + b"\x08\x00"
     return eth + iph + uh + payload

@@ -351,7 +351,7 @@ class Model:
             n: {"rx_packets": 0, "rx_bytes": 0, "tx_packets": 0, "tx_bytes": 0, "dropped": 0, "drops": {}}
             for n in ports
         }
-        from ct_model import Conntrack
+        from .ct_model import Conntrack
         self.conntrack = Conntrack()
 
     # ---------------------------------------------------------------- conntrack configuration
@@ -418,7 +418,7 @@ class Model:
                 add("nw_frag", fv, fm)
             elif k == "ct_state":
                 if v[0] in "+-":
-                    from ct_model import CT_STATE_FLAGS
+                    from .ct_model import CT_STATE_FLAGS
                     val = mask = 0
                     for sign, name in _flag_tokens(v):
                         bit = CT_STATE_FLAGS[name]
@@ -468,7 +468,7 @@ class Model:
         if a == "drop":
             return ("drop",)
         if a.startswith("ct(") and a.endswith(")"):
-            from ct_model import parse_ct_action
+            from .ct_model import parse_ct_action
             return ("ct", parse_ct_action(a, split_top, parse_subfield, parse_value))
         if a == "ct_clear":
             return ("ct_clear",)
@@ -1231,7 +1231,7 @@ class Ctx:
     # ---------------------------------------------------------------- conntrack
     def ct(self, st: State, act) -> None:
         """docs/conntrack.md "The ct action"."""
-        from ct_model import CT_FIELDS, MAX_RECIRCULATIONS, CtDrop
+        from .ct_model import CT_FIELDS, MAX_RECIRCULATIONS, CtDrop
         if act.zone_field is not None:
             f, ofs, nbits = act.zone_field
             zone = (read_field(st, f) >> ofs) & _full(nbits)

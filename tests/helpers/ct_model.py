@@ -23,7 +23,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from model import (  # noqa: F401  (shared with the pipeline model)
+from .model import (  # noqa: F401  (shared with the pipeline model)
     ETH_IP, ETH_IPV6, FRAG_ANY, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP, State, _be,
     _rewrite, csum_incremental, parse_packet,
 )
