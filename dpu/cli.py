@@ -449,7 +449,7 @@ def cmd_gen(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import bench
+    from . import _core, bench
     from .livebench import LIVE_SCENARIOS
 
     names = args.scenarios or list(bench.SCENARIOS)
@@ -459,8 +459,8 @@ def cmd_bench(args) -> int:
     workers = _int_list(args.workers, "--workers")
     ios = [x for x in args.io.split(",") if x]
     for x in ios:
-        if x not in ("afpacket", "afxdp"):
-            _die(f"--io takes afpacket and/or afxdp, got '{x}'")
+        if x not in _core.IO_BACKENDS:  # those this build has (the binding's list)
+            _die(f"--io takes {' and/or '.join(_core.IO_BACKENDS)}, got '{x}'")
     for name in names:
         if name in LIVE_SCENARIOS:
             from .livebench import render, run_live
@@ -809,7 +809,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", action="append", default=[], metavar="NAME=INTERFACE", required=True,
                     help="attach a port to a Linux interface (repeatable)")
     sp.add_argument("--workers", type=_int_arg(1, 64), default=1, help="forwarding worker threads, 1..64 (default 1)")
-    sp.add_argument("--io", default="afpacket", choices=["afpacket", "afxdp"], help="I/O backend (default afpacket)")
+    sp.add_argument("--io", default="afpacket", choices=_core.IO_BACKENDS,
+                    help="I/O backend (default afpacket; those this build has, as dpu demo says)")
     sp.add_argument("--ctl", default=DEFAULT_CTL, metavar="PATH", help=f"control socket (default {DEFAULT_CTL})")
     sp.add_argument("--no-ctl", action="store_true", help="no control socket")
     sp.add_argument("--metrics", metavar="[HOST:]PORT", default=None,
@@ -883,7 +884,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="measured runs; the median is reported (replay-10m and live-*: at most 3)")
     sp.add_argument("--stages", action="store_true", help="also measure ns/packet per stage")
     sp.add_argument("--workers", default="1,2", help="live-*: worker counts to measure (default 1,2)")
-    sp.add_argument("--io", default="afpacket", help="live-*: I/O backends, comma-separated (afpacket, afxdp)")
+    sp.add_argument("--io", default="afpacket",
+                    help=f"live-*: I/O backends, comma-separated ({', '.join(_core.IO_BACKENDS)})")
     sp.add_argument("--flows", default=None, help="live-*: flow counts, comma-separated (default 1000,100000)")
     sp.add_argument("--burst", type=_int_arg(1, _core.MAX_BURST), default=_core.DEFAULT_BURST,
                     help=f"frames a worker takes from a queue at a time, as dpu run --burst (1-{_core.MAX_BURST}, "

@@ -35,7 +35,7 @@ from .errors import DpuError, LiveError
 log = logging.getLogger("dpu.live")
 
 DEFAULT_CTL = "/run/dpu/dpu.ctl"
-IO_BACKENDS = ("afpacket", "afxdp")
+IO_BACKENDS = _core.IO_BACKENDS  # the backends this build has (the binding's list)
 CAP_NET_RAW = 13
 IFF_UP = 0x1
 

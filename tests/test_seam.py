@@ -514,3 +514,28 @@ def test_input_ports_outputs_and_replay_names_are_decided_by_the_core(tmp_path):
     with pytest.raises(InvalidArgumentError, match="this input is also the output of port c"):
         replay(dp, {"a": pcap}, out)
     assert pcap.read_bytes() == kept
+
+
+# ---- the live I/O backends: the build's list, exported once ------------------------------------------------
+
+
+def test_the_cli_offers_the_backends_the_build_has(capsys, monkeypatch):
+    """dpu run's --io choices and dpu bench's --io check are the binding's
+    IO_BACKENDS: a build without AF_XDP (as IO_BACKENDS says it) offers
+    afpacket only."""
+    from dpu import cli, live
+
+    def run_io_choices():
+        sub = next(a for a in cli._parser()._actions if isinstance(getattr(a, "choices", None), dict))
+        return tuple({a.dest: a for a in sub.choices["run"]._actions}["io"].choices)
+
+    assert run_io_choices() == _core.IO_BACKENDS and "afpacket" in _core.IO_BACKENDS
+    assert live.IO_BACKENDS is _core.IO_BACKENDS
+    monkeypatch.setattr(_core, "IO_BACKENDS", ("afpacket",))  # as a build without libxdp has it
+    assert run_io_choices() == ("afpacket",)
+    for cmd in (["run", "--port", "a=lo", "--flows", "f", "--io", "afxdp"],
+                ["bench", "live-l3", "--io", "afpacket,afxdp"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main(cmd)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "afxdp" in err and "afpacket" in err, err
