@@ -539,3 +539,54 @@ def test_the_cli_offers_the_backends_the_build_has(capsys, monkeypatch):
             cli.main(cmd)
         err = capsys.readouterr().err
         assert e.value.code == 2 and "afxdp" in err and "afpacket" in err, err
+
+
+# ---- _core.pyi: generated from the binding ----------------------------------------------------------------
+
+
+def test_the_stub_is_what_the_binding_says():
+    """tools/gen_core_pyi.py regenerates dpu/_core.pyi from the built
+    module: any difference (a new function, a changed parameter) fails here
+    with the diff."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_core_pyi.py"), "--check"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_stub_names_every_class_function_and_parameter():
+    """Read back with ast, independently of the generator: every public name
+    of dpu._core and of each of its classes is in the stub, and a function
+    takes the parameters its binding takes (apply: the dataplane and one Txn)."""
+    import ast
+
+    tree = ast.parse((ROOT / "dpu" / "_core.pyi").read_text())
+    top = {n.name if hasattr(n, "name") else n.target.id: n for n in tree.body
+           if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AnnAssign))}
+    assert set(top) == {n for n in dir(_core) if not n.startswith("_")}
+
+    def arity(doc: str) -> int:  # parameters of "name(a: T, b: U = x) -> R", brackets and quotes aside
+        inner = re.sub(r"\[[^\[\]]*\]", "", re.sub(r"'[^']*'", "", doc.splitlines()[0]))
+        while "[" in inner:
+            inner = re.sub(r"\[[^\[\]]*\]", "", inner)
+        params = inner[inner.index("(") + 1:inner.rindex(") ->")]
+        return len([p for p in params.split(",") if p.strip() and p.strip() not in ("/", "*")])
+
+    for name, node in top.items():
+        obj = getattr(_core, name)
+        if isinstance(node, ast.FunctionDef):
+            assert len(node.args.args) == arity(obj.__doc__), name
+        if isinstance(node, ast.ClassDef):
+            members = {n.name if hasattr(n, "name") else n.target.id: n for n in node.body
+                       if isinstance(n, (ast.FunctionDef, ast.AnnAssign))}
+            public = {k for k, v in vars(obj).items() if not k.startswith("_")
+                      or (k == "__init__" and type(v).__name__ == "instancemethod")}  # a constructor it binds
+            assert public <= set(members), (name, public - set(members))
+            for k, n in members.items():
+                if isinstance(n, ast.FunctionDef) and not any(isinstance(d, ast.Name) and d.id == "property"
+                                                               for d in n.decorator_list):
+                    assert len(n.args.args) + len(n.args.posonlyargs) == arity(getattr(obj, k).__doc__), (name, k)
+    apply = next(n for n in top["Dataplane"].body if isinstance(n, ast.FunctionDef) and n.name == "apply")
+    assert [a.arg for a in apply.args.args] == ["self", "txn"] and ast.unparse(apply.args.args[1].annotation) == "Txn"
