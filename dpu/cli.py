@@ -222,8 +222,10 @@ def _port_list(text: str) -> List[tuple]:
                 ofport = int(num, 0)
             except ValueError:
                 ofport = -1
-            if not 1 <= ofport <= 0xfeff:
-                _die(f"--ports: '{item}': the OpenFlow port number must be 1..65279")
+            from . import _core
+
+            if not 1 <= ofport <= _core.MAX_OFPORT:  # the core's (ports.h)
+                _die(f"--ports: '{item}': the OpenFlow port number must be 1..{_core.MAX_OFPORT}")
         out.append((name, ofport))
     return out
 
