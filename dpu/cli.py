@@ -78,23 +78,16 @@ def _read_only_fs(path: str) -> bool:
 
 def _refuse_overwrite(outputs: Iterable[str], inputs: Iterable[Tuple[str, str]]) -> None:
     """Refuses, before anything is written, an output that is any input (the
-    same file by device and inode: links and other spellings included)."""
-    given = {}
-    for what, path in inputs:
-        try:
-            st = os.stat(path)
-        except (OSError, ValueError):
-            continue  # a missing input is reported when it is read
-        given.setdefault((st.st_dev, st.st_ino), (what, path))
-    for out in outputs:
-        try:
-            st = os.stat(out)
-        except (OSError, ValueError):
-            continue  # not there yet: it cannot be an input
-        hit = given.get((st.st_dev, st.st_ino))
-        if hit is not None:
-            raise InvalidArgumentError(f"{show_path(out)}: writing it would destroy the {hit[0]} "
-                                       f"{show_path(hit[1])}, an input (choose another output)", file=out)
+    same file by device and inode: links and other spellings included; the
+    core decides, as the replayer does)."""
+    from . import _core
+
+    outputs, inputs = list(outputs), list(inputs)
+    hit = _core.find_overwrite([os.fsencode(p) for p in outputs], [os.fsencode(p) for _, p in inputs])
+    if hit is not None:
+        out, (what, path) = outputs[hit[0]], inputs[hit[1]]
+        raise InvalidArgumentError(f"{show_path(out)}: writing it would destroy the {what} "
+                                   f"{show_path(path)}, an input (choose another output)", file=out)
 
 
 class _atomic_output:
@@ -229,8 +222,10 @@ def _port_list(text: str) -> List[tuple]:
                 ofport = int(num, 0)
             except ValueError:
                 ofport = -1
-            if not 1 <= ofport <= 0xfeff:
-                _die(f"--ports: '{item}': the OpenFlow port number must be 1..65279")
+            from . import _core
+
+            if not 1 <= ofport <= _core.MAX_OFPORT:  # the core's (ports.h)
+                _die(f"--ports: '{item}': the OpenFlow port number must be 1..{_core.MAX_OFPORT}")
         out.append((name, ofport))
     return out
 
@@ -309,8 +304,8 @@ def cmd_replay(args) -> int:
 
 
 def _replay_outputs(dp, out_dir: str) -> List[str]:
-    """The files a replay writes: one pcap per port that is not a tunnel."""
-    return [os.path.join(out_dir, f"{p['name']}.pcap") for p in dp.port_info() if not p.get("tunnel")]
+    """The files a replay writes, as the core names them: one pcap per port that is not a tunnel."""
+    return [path for _, path in dp._core.replay_outputs(out_dir)]
 
 
 def _given_inputs(args, pcaps: Sequence[tuple] = ()) -> List[Tuple[str, str]]:
@@ -456,7 +451,7 @@ def cmd_gen(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import bench
+    from . import _core, bench
     from .livebench import LIVE_SCENARIOS
 
     names = args.scenarios or list(bench.SCENARIOS)
@@ -466,8 +461,8 @@ def cmd_bench(args) -> int:
     workers = _int_list(args.workers, "--workers")
     ios = [x for x in args.io.split(",") if x]
     for x in ios:
-        if x not in ("afpacket", "afxdp"):
-            _die(f"--io takes afpacket and/or afxdp, got '{x}'")
+        if x not in _core.IO_BACKENDS:  # those this build has (the binding's list)
+            _die(f"--io takes {' and/or '.join(_core.IO_BACKENDS)}, got '{x}'")
     for name in names:
         if name in LIVE_SCENARIOS:
             from .livebench import render, run_live
@@ -584,14 +579,12 @@ def cmd_stats(args) -> int:
     if args.json:
         print(json.dumps(st, sort_keys=True))
         return 0
-    from .report import counter_tables, table
+    from .report import counter_tables, interfaces_table, table
 
     print(counter_tables(st, zones=st.get("tenant_zones") or []))  # as the final report: per tenant's zone
     if st.get("interfaces"):
         print("\nInterfaces:")
-        rows = [[q["ofport"], q["ifname"], q["rx_ring_drops"], q["rx_truncated"], q["tx_refused"]]
-                for q in st["interfaces"]]
-        print(table(rows, ["ofport", "interface", "rx_ring_drops", "rx_too_long", "tx_refused"]))
+        print(interfaces_table(st["interfaces"]))
     if st.get("workers"):
         print("\nWorkers:")
         rows = []
@@ -818,7 +811,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", action="append", default=[], metavar="NAME=INTERFACE", required=True,
                     help="attach a port to a Linux interface (repeatable)")
     sp.add_argument("--workers", type=_int_arg(1, 64), default=1, help="forwarding worker threads, 1..64 (default 1)")
-    sp.add_argument("--io", default="afpacket", choices=["afpacket", "afxdp"], help="I/O backend (default afpacket)")
+    sp.add_argument("--io", default="afpacket", choices=_core.IO_BACKENDS,
+                    help="I/O backend (default afpacket; those this build has, as dpu demo says)")
     sp.add_argument("--ctl", default=DEFAULT_CTL, metavar="PATH", help=f"control socket (default {DEFAULT_CTL})")
     sp.add_argument("--no-ctl", action="store_true", help="no control socket")
     sp.add_argument("--metrics", metavar="[HOST:]PORT", default=None,
@@ -892,7 +886,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="measured runs; the median is reported (replay-10m and live-*: at most 3)")
     sp.add_argument("--stages", action="store_true", help="also measure ns/packet per stage")
     sp.add_argument("--workers", default="1,2", help="live-*: worker counts to measure (default 1,2)")
-    sp.add_argument("--io", default="afpacket", help="live-*: I/O backends, comma-separated (afpacket, afxdp)")
+    sp.add_argument("--io", default="afpacket",
+                    help=f"live-*: I/O backends, comma-separated ({', '.join(_core.IO_BACKENDS)})")
     sp.add_argument("--flows", default=None, help="live-*: flow counts, comma-separated (default 1000,100000)")
     sp.add_argument("--burst", type=_int_arg(1, _core.MAX_BURST), default=_core.DEFAULT_BURST,
                     help=f"frames a worker takes from a queue at a time, as dpu run --burst (1-{_core.MAX_BURST}, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import io
+import ipaddress
 import numbers
 import os
 import re
@@ -138,21 +139,38 @@ class Trace:
         return render_trace(self)
 
 
+# The seam's facts as the core keeps them (dpu._core exports them; see
+# native/include/dpu/ct_timeouts.def and tunnel_params.def).
+CT_TIMEOUTS: Dict[str, float] = {name: default for name, default, _ in _core.CT_TIMEOUTS}  # name -> default (s)
+CT_TIMEOUT_RANGE: Tuple[float, float] = tuple(_core.CT_TIMEOUT_RANGE)  # seconds: above 0, at most 30 days
+CT_MAX_CONNECTIONS_RANGE: Tuple[int, int] = tuple(_core.CT_MAX_CONNECTIONS_RANGE)
+# tunnel port settings: member -> (default, min, max, name in add_tunnel_port)
+TUNNEL_PARAMS: Dict[str, Tuple[Any, int, int, str]] = {m: (d, lo, hi, api) for m, d, lo, hi, api, _ in
+                                                        _core.TUNNEL_PARAMS}
+_OP = _core.OpKind
+
+
 class Transaction:
     """Changes collected and committed atomically (all or nothing).
 
     Use as ``with dp.transaction() as t: t.add_flow(...); t.del_flows(...)``.
     Nothing is visible to packets until the block ends without an exception.
+    The commit hands the core one typed transaction (``dpu._core.Txn``):
+    ports, flows, groups, tenants, conntrack zones, NAT port forwards and
+    conntrack's timeouts and limit, checked there as a whole before any of
+    it is applied.
     """
 
     def __init__(self, dp: "Dataplane", create_ports: bool = False) -> None:
         self._dp = dp
         self.add_ports: List[dict] = []
         self.del_ports: List[str] = []
-        self.ops: List[Tuple[str, str]] = []
+        self.ops: List[Tuple[_core.OpKind, str]] = []
         self.tenants: Optional[List[Tuple[str, int]]] = None
         self.ct_zones: Optional[List[Tuple[int, int, bool]]] = None
         self.nat_static: Optional[List[tuple]] = None
+        self.ct_timeouts: Optional[Dict[str, float]] = None
+        self.ct_max_connections: Optional[int] = None
         self.create_ports = create_ports
         self.result: Optional[dict] = None
         # (first op, (line, text) in op order, file) of each add_numbered()
@@ -162,9 +180,7 @@ class Transaction:
     def add_port(self, name: str, ofport: int = 0) -> None:
         if not isinstance(name, str):
             raise InvalidArgumentError(f"a port name is a string, not {type(name).__name__}")
-        if not _is_int(ofport) or not 0 <= ofport <= 0xfeff:
-            raise InvalidArgumentError(f"port '{name}': ofport must be 0 (the next free) or 1..65279, got {ofport!r}")
-        self.add_ports.append({"name": name, "ofport": int(ofport)})
+        self.add_ports.append({"name": name, "ofport": ofport})
 
     def add_tunnel_port(self, name: str, **cfg: Any) -> None:
         self.add_ports.append(_tunnel_spec(name, **cfg))
@@ -174,7 +190,7 @@ class Transaction:
 
     # flows
     def add_flow(self, flow: str) -> None:
-        self.ops.append(("add_flow", flow))
+        self.ops.append((_OP.ADD_FLOW, flow))
 
     def add_flows(self, flows: Union[str, Iterable[str]]) -> int:
         """Flows from a multi-line string or a list (``#`` comments, blank
@@ -193,56 +209,103 @@ class Transaction:
         if path is not None:  # "": lines of the caller's text, no file
             self._numbered.append((len(self.ops) + 1, order, path))
         for _, f in order:
-            self.ops.append(("add_group" if f.startswith("group_id=") else "add_flow", f))
+            self.ops.append((_OP.ADD_GROUP if f.startswith("group_id=") else _OP.ADD_FLOW, f))
         return len(order) - n_groups
 
     def mod_flows(self, flow: str, strict: bool = False) -> None:
-        self.ops.append(("mod_flows_strict" if strict else "mod_flows", flow))
+        self.ops.append((_OP.MOD_FLOWS_STRICT if strict else _OP.MOD_FLOWS, flow))
 
     def del_flows(self, match: str = "", strict: bool = False) -> None:
-        self.ops.append(("del_flows_strict" if strict else "del_flows", match))
+        self.ops.append((_OP.DEL_FLOWS_STRICT if strict else _OP.DEL_FLOWS, match))
 
     def replace_flows(self, match: str = "") -> None:
         """The flows `match` selects (as del_flows) are replaced by the flows
         this transaction adds after it: one added unchanged (same table,
         match, priority, cookie and actions) stays as it was, with its
         counters, age and cached megaflows (ovs-ofctl replace-flows)."""
-        self.ops.append(("replace_flows", match))
+        self.ops.append((_OP.REPLACE_FLOWS, match))
 
     # groups
     def add_group(self, group: str) -> None:
-        self.ops.append(("add_group", group))
+        self.ops.append((_OP.ADD_GROUP, group))
 
     def mod_group(self, group: str) -> None:
-        self.ops.append(("mod_group", group))
+        self.ops.append((_OP.MOD_GROUP, group))
 
     def del_groups(self, group: str = "") -> None:
-        self.ops.append(("del_groups", group))
+        self.ops.append((_OP.DEL_GROUPS, group))
 
     def set_tenants(self, tenants: Sequence[Tuple[str, int]]) -> None:
         """Names the tenants: per-tenant counters follow the ``metadata`` value
         a packet carries at the end of its pipeline walk."""
         self.tenants = [(n, int(m)) for n, m in tenants]
 
+    # conntrack
     def set_ct_zones(self, zones: Sequence[Tuple[int, int, bool]]) -> None:
         """Conntrack zone settings, replacing all others: (zone, connection
         limit or 0, endpoint-independent filtering)."""
-        self.ct_zones = [(int(z), int(limit), bool(eif)) for z, limit, eif in zones]
+        self.ct_zones = [tuple(z) for z in zones]
 
     def set_nat_static(self, mappings: Sequence[tuple]) -> None:
         """Static NAT mappings (port forwards), replacing all others:
         (zone, protocol number, internal ip, internal port, public ip, public port)."""
         self.nat_static = [tuple(m) for m in mappings]
 
+    def set_ct_config(self, timeouts: Optional[Dict[str, float]] = None,
+                      max_connections: Optional[int] = None) -> None:
+        """Conntrack timeouts in seconds by name (:data:`CT_TIMEOUTS`; those
+        not named stay as they are) and the connection limit (None: as it is)."""
+        if timeouts is not None and not isinstance(timeouts, dict):
+            raise InvalidArgumentError(f"ct timeouts are a dict of name: seconds, not {type(timeouts).__name__}")
+        lo, hi = CT_TIMEOUT_RANGE
+        for k, v in (timeouts or {}).items():
+            if not isinstance(k, str):
+                raise InvalidArgumentError(f"a ct timeout is named by a string, not {k!r}")
+            if not _is_number(v):
+                raise InvalidArgumentError(f"ct timeout {k!r} must be a number of seconds, above 0 and at most "
+                                           f"{hi:.0f} ({hi / 86400:.0f} days), got {v!r}")
+        cmin, cmax = CT_MAX_CONNECTIONS_RANGE
+        if max_connections is not None and (not _is_int(max_connections) or not cmin <= max_connections <= cmax):
+            raise InvalidArgumentError(f"max_connections must be {cmin}..{cmax}, got {max_connections!r}")
+        if timeouts:
+            self.ct_timeouts = {**(self.ct_timeouts or {}), **timeouts}
+        if max_connections is not None:
+            self.ct_max_connections = int(max_connections)
+
+    def _native(self) -> "_core.Txn":
+        """The typed transaction the core applies: Python types are checked
+        here (so that a wrong one is named, not a failed cast); values, by the
+        core."""
+        txn = _core.Txn()
+        for p in self.add_ports:
+            txn.add_port(_port_spec(p))
+        for name in self.del_ports:
+            if not isinstance(name, str):
+                raise InvalidArgumentError(f"a port name is a string, not {type(name).__name__}")
+            txn.del_port(name)
+        txn.add_ops(self.ops)
+        if self.tenants is not None:
+            txn.set_tenants(self.tenants)
+        if self.ct_zones is not None:
+            txn.set_ct_zones([_ct_zone(i, z) for i, z in enumerate(self.ct_zones, 1)])
+        if self.nat_static is not None:
+            txn.set_nat_static([_nat_mapping(i, m) for i, m in enumerate(self.nat_static, 1)])
+        if self.ct_timeouts:
+            txn.set_ct_timeouts([_core.CtTimeout(k, float(v)) for k, v in self.ct_timeouts.items()])
+        txn.ct_max_connections = self.ct_max_connections
+        txn.create_ports = bool(self.create_ports)
+        return txn
+
     def commit(self) -> dict:
+        txn = self._native()
         try:
-            self.result = self._dp._core.apply(self.add_ports, self.del_ports, self.ops, self.tenants,
-                                               self.create_ports, self.ct_zones, self.nat_static)
+            self.result = self._dp._core.apply(txn)
         except DpuError as e:
             # e.line: the op that failed (1-based); a lone op's error may not say
             # (when nothing else in the transaction could have failed).
             lone = len(self.ops) == 1 and not (self.add_ports or self.del_ports or self.tenants is not None
-                                               or self.ct_zones is not None or self.nat_static is not None)
+                                               or self.ct_zones is not None or self.nat_static is not None
+                                               or self.ct_timeouts or self.ct_max_connections is not None)
             index = e.line if e.line is not None else (1 if lone else None)
             for first, order, path in self._numbered:
                 if index is not None and first <= index < first + len(order):
@@ -269,21 +332,17 @@ def _tunnel_spec(
     local_ip: str,
     local_mac: str,
     nexthop_mac: str,
-    dst_port: int = 4789,
-    src_port_range: Tuple[int, int] = (49152, 65535),
-    ttl: int = 64,
-    mtu: int = 1500,
-    strict: bool = False,
+    dst_port: int = TUNNEL_PARAMS["dst_port"][0],
+    src_port_range: Tuple[int, int] = (TUNNEL_PARAMS["sport_min"][0], TUNNEL_PARAMS["sport_max"][0]),
+    ttl: int = TUNNEL_PARAMS["ttl"][0],
+    mtu: int = TUNNEL_PARAMS["mtu"][0],
+    strict: bool = TUNNEL_PARAMS["strict"][0],
     ofport: int = 0,
 ) -> dict:
-    # The ranges the topology's uplink: section allows.
-    for what, v, lo, hi in (("ttl", ttl, 1, 255), ("mtu", mtu, 576, 10000), ("dst_port", dst_port, 1, 65535),
-                            ("src_port_range", src_port_range[0], 1, 65535),
-                            ("src_port_range", src_port_range[1], 1, 65535)):
-        if not _is_int(v) or not lo <= v <= hi:
-            raise InvalidArgumentError(f"tunnel port '{name}': {what} must be {lo}..{hi}, got {v!r}")
-    if ":" in str(local_ip) and mtu < 1280:  # IPv6's minimum link MTU (RFC 8200)
-        raise InvalidArgumentError(f"tunnel port '{name}': an IPv6 underlay's mtu must be 1280..10000, got {mtu}")
+    """A tunnel port as a port dict; the defaults and the ranges are the core's
+    (TUNNEL_PARAMS), which checks the values when the transaction commits."""
+    if not isinstance(src_port_range, (tuple, list)) or len(src_port_range) != 2:
+        raise InvalidArgumentError(f"tunnel port '{name}': src_port_range is (min, max), got {src_port_range!r}")
     return {
         "name": name,
         "ofport": ofport,
@@ -292,13 +351,77 @@ def _tunnel_spec(
         "local_ip": str(local_ip),
         "local_mac": local_mac,
         "nexthop_mac": nexthop_mac,
-        "dst_port": int(dst_port),
-        "sport_min": int(src_port_range[0]),
-        "sport_max": int(src_port_range[1]),
-        "ttl": int(ttl),
-        "mtu": int(mtu),
+        "dst_port": dst_port,
+        "sport_min": src_port_range[0],
+        "sport_max": src_port_range[1],
+        "ttl": ttl,
+        "mtu": mtu,
         "strict": bool(strict),
     }
+
+
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _int64(v: Any, what: str, expect: str) -> int:
+    """An integer for a typed field of the core's transaction (which checks its
+    range); anything else is refused here, by name: ``{what} must be {expect},
+    got {v!r}``."""
+    if not _is_int(v) or not _INT64[0] <= v <= _INT64[1]:
+        raise InvalidArgumentError(f"{what} must be {expect}, got {v!r}")
+    return int(v)
+
+
+def _text(v: Any, what: str) -> str:
+    if not isinstance(v, str):
+        raise InvalidArgumentError(f"{what} is a string, not {type(v).__name__}")
+    return v
+
+
+def _address(v: Any, what: str) -> str:
+    return str(v) if isinstance(v, (ipaddress.IPv4Address, ipaddress.IPv6Address)) else _text(v, what)
+
+
+def _port_spec(d: dict) -> "_core.PortSpec":
+    """A port dict (Transaction.add_ports, compiled topologies) as the core's PortSpec."""
+    if not isinstance(d, dict):
+        raise InvalidArgumentError(f"a port is a dict (name, ofport, ...), not {type(d).__name__}")
+    ps = _core.PortSpec()
+    name = ps.name = _text(d.get("name"), "a port name")
+    ps.ofport = _int64(d.get("ofport", 0), f"port '{name}': ofport",
+                       f"0 (the next free) or 1..{_core.MAX_OFPORT}")
+    if not d.get("tunnel"):
+        return ps
+    ps.tunnel = True
+    for k in ("underlay", "local_ip", "local_mac", "nexthop_mac"):
+        setattr(ps, k, _text(d.get(k), f"tunnel port '{name}': {k}"))
+    for m, (default, lo, hi, api) in TUNNEL_PARAMS.items():
+        v = d.get(m, default)
+        setattr(ps, m, bool(v) if isinstance(default, bool) else
+                _int64(v, f"tunnel port '{name}': {api}", f"{lo}..{hi}"))
+    return ps
+
+
+def _ct_zone(i: int, z: Any) -> "_core.CtZone":
+    if not isinstance(z, (tuple, list)) or len(z) != 3:
+        raise InvalidArgumentError(f"conntrack zone setting {i} is (zone, limit, endpoint-independent), got {z!r}")
+    zone = _int64(z[0], f"conntrack zone setting {i}: the zone", "0..65535")
+    limit = _int64(z[1], f"conntrack zone {zone}: the connection limit",
+                   f"0 (none) or 1..{CT_MAX_CONNECTIONS_RANGE[1]}")
+    return _core.CtZone(zone, limit, bool(z[2]))
+
+
+def _nat_mapping(i: int, m: Any) -> "_core.NatMapping":
+    if not isinstance(m, (tuple, list)) or len(m) != 6:
+        raise InvalidArgumentError(f"NAT mapping {i} is (zone, protocol, internal ip, internal port, public ip, "
+                                   f"public port), got {m!r}")
+    what = f"NAT mapping {i}"
+    return _core.NatMapping(_int64(m[0], f"{what}: the zone", "0..65535"),
+                            _int64(m[1], f"{what}: the protocol", "tcp (6) or udp (17)"),
+                            _address(m[2], f"{what}: the internal ip"),
+                            _int64(m[3], f"{what}: the internal port", "1..65535"),
+                            _address(m[4], f"{what}: the public ip"),
+                            _int64(m[5], f"{what}: the public port", "1..65535"))
 
 
 # The first line of ovs-ofctl's dump-flows/dump-groups output, e.g.
@@ -430,7 +553,9 @@ class Dataplane:
         (as :meth:`load_flows` reads it: its errors name the file and line).
         Ports the new topology no longer has are removed; a changed uplink is
         reconfigured; conntrack zones (quotas, filtering) and port forwards are
-        replaced with the flows."""
+        replaced with the flows, and the topology's conntrack timeouts and
+        connection limit set, in the same transaction: a mistake anywhere
+        leaves all of it as it was."""
         import gc
 
         from .topology import Topology, compile_topology, load_topology
@@ -489,11 +614,9 @@ class Dataplane:
         t.set_tenants(comp.tenants)
         t.set_ct_zones(comp.ct_zones)
         t.set_nat_static(comp.nat_static)
-        result = t.commit()
+        t.set_ct_config(timeouts=comp.topology.ct_timeouts, max_connections=comp.topology.ct_max_connections)
+        result = t.commit()  # all of it, or (an error) none of it
         self.topology = comp
-        topo = comp.topology
-        if topo.ct_timeouts or topo.ct_max_connections:
-            self.ct_config(timeouts=topo.ct_timeouts, max_connections=topo.ct_max_connections)
         return result
 
     # ---- transactions ----------------------------------------------------------------
@@ -534,6 +657,16 @@ class Dataplane:
         if not n:
             raise UnknownPortError(f"unknown port '{name}'", token=name)
         return n
+
+    def _input_port(self, port: Union[str, int]) -> int:
+        """A port an API call takes packets from, as its number: a name is
+        looked up here, a number is the core's to judge ("unknown input port
+        N", as process, trace, bench and replay say it)."""
+        if _is_int(port):
+            if not 0 <= port <= 0xFFFFFFFF:
+                raise UnknownPortError(f"unknown input port {port}", token=str(port))
+            return int(port)
+        return self.port_number(port)
 
     def port_name(self, number: int) -> str:
         return self._core.port_name(number) or str(number)
@@ -629,7 +762,7 @@ class Dataplane:
                     raise UnknownPortError("process() needs in_port= or (in_port, packet) pairs")
                 port, pkt = in_port, item
             if port not in cache:
-                cache[port] = self.port_number(port)
+                cache[port] = self._input_port(port)
             ports.append(cache[port])
             datas.append(_to_bytes(pkt))
         lens = np.fromiter((len(d) for d in datas), dtype=np.uint32, count=len(datas))
@@ -651,7 +784,7 @@ class Dataplane:
     def trace(self, packet: PacketLike, in_port: Union[str, int]) -> Trace:
         """Like ovs-appctl ofproto/trace: tables visited, rules, actions, megaflow,
         datapath actions, and what the datapath then emitted. Counters are untouched."""
-        r = self._core.trace(_to_bytes(packet), self.port_number(in_port))
+        r = self._core.trace(_to_bytes(packet), self._input_port(in_port))
         passes = [TracePass(**p) for p in r["passes"]]
         return Trace(passes, list(r["outputs"]), r["drop_reason"])
 
@@ -715,17 +848,11 @@ class Dataplane:
 
     def ct_config(self, timeouts: Optional[Dict[str, float]] = None, max_connections: Optional[int] = None) -> dict:
         """Sets (when given) and returns the conntrack timeouts in seconds
-        (tcp_established, tcp_transitory, udp, icmp) and the connection limit."""
-        for k, v in (timeouts or {}).items():
-            if not isinstance(k, str):
-                raise InvalidArgumentError(f"a ct timeout is named by a string, not {k!r}")
-            if not _is_number(v) or not 0 < v < 1e9:
-                raise InvalidArgumentError(f"ct timeout {k!r} must be a number of seconds above 0, got {v!r}")
-        if max_connections is not None and (not _is_int(max_connections)
-                                            or not 1 <= max_connections <= 1 << 30):
-            raise InvalidArgumentError(f"max_connections must be 1..{1 << 30}, got {max_connections!r}")
+        (:data:`CT_TIMEOUTS`: tcp_established, tcp_transitory, udp, icmp) and
+        the connection limit; a change is a transaction of its own."""
         if timeouts or max_connections is not None:
-            self._core.set_ct_config(dict(timeouts or {}), max_connections)
+            with self.transaction() as t:
+                t.set_ct_config(timeouts, max_connections)
         return self._core.ct_config()
 
     def set_frags(self, mode: str) -> None:

@@ -1,8 +1,8 @@
 """Exceptions raised by dpu.
 
 Every error from the native core arrives as one of these, through one mapping
-from the core's status codes (``dpu::Err``, native/include/dpu/status.h) to
-classes: :data:`NATIVE_ERRORS` and :func:`from_native`, which both native
+from the core's status codes (``dpu::Err``, listed once with their classes in
+native/include/dpu/errors.def) to classes: :data:`NATIVE_ERRORS` and :func:`from_native`, which both native
 extensions use (native/bindings/module.cc for dpu._core, dpu.gen for
 dpu._gen). An operating-system error on a file the user named becomes a
 :class:`DpuIOError` through :func:`from_os_error`. Each carries where
@@ -109,20 +109,25 @@ class TopologyError(DpuError, ValueError):
         self.errors: list = list(errors) if errors else [self]
 
 
+def _native_errors() -> dict:
+    """code name -> class, from the core's list (native/include/dpu/errors.def,
+    exported as ``dpu._core.errors()``): a code whose class is not here fails
+    the import, so the two can never drift apart."""
+    from . import _core
+
+    out = {}
+    for code, cls, _meaning in _core.errors():
+        c = globals().get(cls)
+        if not (isinstance(c, type) and issubclass(c, DpuError)):
+            raise ImportError(f"native/include/dpu/errors.def maps {code} to {cls}, which dpu.errors does not define")
+        out[code] = c
+    return out
+
+
 #: The one mapping from the native core's status codes (the names of
-#: ``dpu::Err`` in native/include/dpu/status.h) to exception classes.
-NATIVE_ERRORS = {
-    "PARSE": FlowParseError,
-    "UNKNOWN_PORT": UnknownPortError,
-    "UNKNOWN_TABLE": UnknownTableError,
-    "UNKNOWN_GROUP": UnknownGroupError,
-    "UNKNOWN_FIELD": UnknownFieldError,
-    "BAD_VALUE": BadValueError,
-    "CONFLICT": ConflictError,
-    "PCAP": PcapError,
-    "IO": DpuIOError,
-    "INVALID": InvalidArgumentError,
-}
+#: ``dpu::Err``, listed once in native/include/dpu/errors.def) to exception
+#: classes, built from that list.
+NATIVE_ERRORS = _native_errors()
 
 
 def from_native(code: str, message: str, **where) -> DpuError:

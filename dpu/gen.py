@@ -549,7 +549,7 @@ class Packets:
 
 
 def _native_error(e: "_gen.NativeError") -> Exception:
-    # e.kind is the status code's name in lower case ("io", "pcap", "other")
+    # e.kind is the status code's name (errors.def: "IO", "PCAP", ...)
     return from_native(e.kind, e.message, file=e.file, record=e.record)
 
 

@@ -35,7 +35,7 @@ from .errors import DpuError, LiveError
 log = logging.getLogger("dpu.live")
 
 DEFAULT_CTL = "/run/dpu/dpu.ctl"
-IO_BACKENDS = ("afpacket", "afxdp")
+IO_BACKENDS = _core.IO_BACKENDS  # the backends this build has (the binding's list)
 CAP_NET_RAW = 13
 IFF_UP = 0x1
 
@@ -391,14 +391,9 @@ class Instance:
         st = self.dp.stats()
         lines = [counter_tables(st, zones=tenant_zones(self.dp))]
         lines.append("\nInterfaces:")
-        from .report import table
+        from .report import interfaces_table
 
-        rows = []
-        names = {v: k for k, v in self.dp.ports.items()}
-        for q in self.interface_stats():
-            rows.append([names.get(q["ofport"], q["ofport"]), q["ifname"], q["rx_ring_drops"], q["rx_truncated"],
-                         q["tx_refused"]])
-        lines.append(table(rows, ["port", "interface", "rx_ring_drops", "rx_too_long", "tx_refused"]))
+        lines.append(interfaces_table(self.interface_stats(), {v: k for k, v in self.dp.ports.items()}))
         secs = time.monotonic() - self.started_at if self.started_at else 0.0
         p = st["workers_total"]
         from .report import rate_text
@@ -506,10 +501,12 @@ def check_drops_path(path: str, inputs: Sequence[Tuple[str, Optional[str]]] = ()
     """A drops file dpu can create, checked before anything starts (the file
     itself is created when the workers start), and that is none of `inputs`
     ((what, path): the topology, the flows file), which writing it would destroy."""
-    for what, given in inputs:
-        if given and os.path.exists(path) and os.path.exists(given) and os.path.samefile(path, given):
-            raise LiveError(f"{path}: writing the drops file would destroy the {what} {given}, an input "
-                            "(choose another --drops-pcap)")
+    given = [(what, p) for what, p in inputs if p]
+    hit = _core.find_overwrite([os.fsencode(path)], [os.fsencode(p) for _, p in given])  # the core decides
+    if hit is not None:
+        what, p = given[hit[1]]
+        raise LiveError(f"{path}: writing the drops file would destroy the {what} {p}, an input "
+                        "(choose another --drops-pcap)")
     parent = os.path.dirname(os.path.abspath(path))
     err = 0
     if os.path.isdir(path):

@@ -44,6 +44,7 @@ from urllib.parse import unquote
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
+from . import _core
 from .errors import LiveError
 from .serving import Budget, DeadlineReader, Limits, Listener, OverBudget
 
@@ -151,11 +152,8 @@ class Collector:
         yield from (wp, wb, busy, idle, ratio, ppb)
 
         names = {v: k for k, v in inst.dp.ports.items()}
-        qf = {k: CounterMetricFamily(f"dpu_interface_{m}", h, labels=["port", "interface"]) for k, m, h in (
-            ("rx_ring_drops", "rx_ring_drops", "frames the kernel could not put in a full receive ring"),
-            ("rx_truncated", "rx_too_long", "frames longer than a packet buffer, not received"),
-            ("tx_refused", "tx_refused", "frames the interface did not take (down, queue full)"),
-            ("link_errors", "link_errors", "errors the interface's socket reported (it went down or away)"))}
+        qf = {k: CounterMetricFamily(f"dpu_interface_{k}", h, labels=["port", "interface"])
+              for k, h in _core.queue_counters()}  # counters.def
         for q in inst.interface_stats():
             lbl = [names.get(q["ofport"], str(q["ofport"])), q["ifname"]]
             for k, fam in qf.items():

@@ -204,7 +204,7 @@ def replay(
     drops_pcap: Optional[Union[str, os.PathLike]] = None,
 ) -> ReplaySummary:
     pairs = list(inputs.items()) if isinstance(inputs, dict) else [tuple(x) for x in inputs]
-    resolved = [(dp.port_number(port), str(path)) for port, path in pairs]
+    resolved = [(dp._input_port(port), str(path)) for port, path in pairs]  # a number: the core checks it
     os.makedirs(out_dir, exist_ok=True)
     s0 = _Snapshot(dp)
     summary = ReplaySummary()

@@ -32,6 +32,8 @@ from . import _core
 #: counters.def as data: {"traffic"|"port"|"worker": [(stats key, description)]}.
 COUNTERS: Dict[str, List[tuple]] = {k: [tuple(x) for x in v] for k, v in _core.counters().items()}
 WORKER_COUNTERS = [name for name, _ in COUNTERS["worker"]]
+#: a live port's queue counters (``interfaces`` of dpu stats), summed over its queues
+QUEUE_COUNTERS = [name for name, _ in _core.queue_counters()]
 
 #: The views of :func:`render_views`, in the order they print.
 VIEWS = ("ports", "flows", "tables", "groups", "megaflows", "workers")
@@ -154,6 +156,15 @@ def ports_table(ports: Dict[str, dict]) -> str:
              c.get("tx_dropped", 0), _drops(c["drops"])] for n, c in ports.items()]
     return table(rows, ["port", "rx pkts", "rx bytes", "tx pkts", "tx bytes", "dropped", "tx_dropped",
                         "drops by reason"], "lrrrrrrl")
+
+
+def interfaces_table(interfaces: List[dict], names: Optional[Dict[int, str]] = None) -> str:
+    """The interfaces of a live dataplane (``dpu run``'s final report, ``dpu
+    stats``): per attached port, its queue counters (counters.def). With
+    ``names`` (ofport -> port name) the first column is the port's name."""
+    rows = [[names.get(q["ofport"], q["ofport"]) if names is not None else q["ofport"], q["ifname"]]
+            + [q.get(c, 0) for c in QUEUE_COUNTERS] for q in interfaces]
+    return table(rows, ["port" if names is not None else "ofport", "interface"] + QUEUE_COUNTERS)
 
 
 def tables_table(tables: List[dict]) -> str:

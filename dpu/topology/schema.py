@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from .. import _core
 from .reader import _Abort, _child, _clip, _Errors, _read_source, _read_yaml, _short
 
 TUNNEL_PORT = "vxlan0"
@@ -32,17 +33,22 @@ _RESERVED = {"in_port", "flood", "all", "drop", "local", "normal", "controller",
              TUNNEL_PORT}
 
 
+# A tunnel port's settings as the core lists them (tunnel_params.def):
+# member -> (default, least, most). The uplink: section's defaults and bounds.
+_TUNNEL = {m: (d, lo, hi) for m, d, lo, hi, _api, _help in _core.TUNNEL_PARAMS}
+
+
 @dataclass
 class Uplink:
     port: str
     ip: Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
     mac: str
     nexthop_mac: Optional[str]       # None: resolved by ARP for `nexthop` (dpu run)
-    mtu: int = 1500
-    vxlan_port: int = 4789
-    ttl: int = 64
-    src_port_range: Tuple[int, int] = (49152, 65535)
-    strict_vxlan: bool = False
+    mtu: int = _TUNNEL["mtu"][0]
+    vxlan_port: int = _TUNNEL["dst_port"][0]
+    ttl: int = _TUNNEL["ttl"][0]
+    src_port_range: Tuple[int, int] = (_TUNNEL["sport_min"][0], _TUNNEL["sport_max"][0])
+    strict_vxlan: bool = _TUNNEL["strict"][0]
     nexthop: Optional[ipaddress.IPv4Address] = None  # the underlay router, when its MAC is resolved by ARP
 
     @property
@@ -310,10 +316,12 @@ def _uplink_section(v: _V, u: Any) -> Optional[Uplink]:
     ip = v.req(u, "ip", "uplink.ip", v.ip)
     mac = v.req(u, "mac", "uplink.mac", v.mac)
     nexthop_mac = v.opt(u, "nexthop_mac", "uplink.nexthop_mac", v.mac)
-    mtu = v.opt(u, "mtu", "uplink.mtu", v.integer, 576, 10000, default=1500)
-    vxlan_port = v.opt(u, "vxlan_port", "uplink.vxlan_port", v.integer, 1, 65535, default=4789)
-    ttl = v.opt(u, "ttl", "uplink.ttl", v.integer, 1, 255, default=64)
-    strict = False if u.get("strict_vxlan") is None else v.opt(u, "strict_vxlan", "uplink.strict_vxlan", v.boolean)
+    mtu = v.opt(u, "mtu", "uplink.mtu", v.integer, *_TUNNEL["mtu"][1:], default=_TUNNEL["mtu"][0])
+    vxlan_port = v.opt(u, "vxlan_port", "uplink.vxlan_port", v.integer, *_TUNNEL["dst_port"][1:],
+                       default=_TUNNEL["dst_port"][0])
+    ttl = v.opt(u, "ttl", "uplink.ttl", v.integer, *_TUNNEL["ttl"][1:], default=_TUNNEL["ttl"][0])
+    strict = (_TUNNEL["strict"][0] if u.get("strict_vxlan") is None
+              else v.opt(u, "strict_vxlan", "uplink.strict_vxlan", v.boolean))
     ipv6 = ip is not _BAD and ip.version == 6
     nexthop = v.opt(u, "nexthop", "uplink.nexthop", v.ip, None if ip is _BAD else ip.version)
     if nexthop_mac is None:
@@ -321,9 +329,10 @@ def _uplink_section(v: _V, u: Any) -> Optional[Uplink]:
             v.note("uplink.nexthop_mac", "required over an IPv6 underlay (next hops are resolved by ARP, IPv4 only)")
         elif nexthop is None:
             v.note("uplink", "give nexthop_mac, or nexthop (the router's address, resolved by ARP)")
-    if ipv6 and mtu is not _BAD and mtu < 1280:
-        v.note("uplink.mtu", "an IPv6 underlay needs an MTU of at least 1280")
-    port_range = v.opt(u, "src_port_range", "uplink.src_port_range", _port_range, v, default=(49152, 65535))
+    if ipv6 and mtu is not _BAD and mtu < _core.TUNNEL_MTU_MIN_IPV6:
+        v.note("uplink.mtu", f"an IPv6 underlay needs an MTU of at least {_core.TUNNEL_MTU_MIN_IPV6}")
+    port_range = v.opt(u, "src_port_range", "uplink.src_port_range", _port_range, v,
+                       default=(_TUNNEL["sport_min"][0], _TUNNEL["sport_max"][0]))
     if v.bad > bad:
         return None
     return Uplink(port=port, ip=ip, mac=mac, nexthop_mac=nexthop_mac, mtu=mtu, vxlan_port=vxlan_port, ttl=ttl,
@@ -333,8 +342,8 @@ def _uplink_section(v: _V, u: Any) -> Optional[Uplink]:
 def _port_range(r: Any, path: str, v: _V) -> Tuple[int, int]:
     if not isinstance(r, (list, tuple)) or len(r) != 2:
         v.fail(path, "expected [min, max]")
-    lo = v.opt({"min": r[0]}, "min", f"{path}[0]", v.integer, 1, 65535)
-    hi = v.opt({"max": r[1]}, "max", f"{path}[1]", v.integer, 1, 65535)
+    lo = v.opt({"min": r[0]}, "min", f"{path}[0]", v.integer, *_TUNNEL["sport_min"][1:])
+    hi = v.opt({"max": r[1]}, "max", f"{path}[1]", v.integer, *_TUNNEL["sport_max"][1:])
     if lo is _BAD or hi is _BAD:
         raise _Abort()
     if lo > hi:
@@ -359,6 +368,7 @@ def _internet_section(v: _V, i: Any, uplink: Optional[Uplink]) -> Optional[Inter
     return Internet(port=port, mac=mac, nexthop_mac=nexthop_mac, nexthop=nexthop, ip=ip)
 
 
+# the core's timeout names (ct_timeouts.def; tests/test_seam.py holds them equal), in the docs' order
 _TIMEOUTS = ("tcp_established", "tcp_transitory", "udp", "icmp")
 
 
@@ -369,13 +379,15 @@ def _conntrack_section(v: _V, c: Any) -> Tuple[Dict[str, float], Optional[int]]:
     v.mapping(c, "conntrack", [], ["max_connections", "timeouts"])
     max_conns = None
     if c.get("max_connections") is not None:
-        max_conns = v.opt(c, "max_connections", "conntrack.max_connections", v.integer, 1, 1 << 30)
+        max_conns = v.opt(c, "max_connections", "conntrack.max_connections", v.integer,
+                          *_core.CT_MAX_CONNECTIONS_RANGE)  # the core's bounds (conntrack.h)
     timeouts: Dict[str, float] = {}
     if c.get("timeouts") is not None:
         t = v.mapping(c["timeouts"], "conntrack.timeouts", [], list(_TIMEOUTS))
         for k in _TIMEOUTS:
             if k in t:
-                timeouts[k] = v.opt(t, k, f"conntrack.timeouts.{k}", v.integer, 1, 30 * 24 * 3600)
+                timeouts[k] = v.opt(t, k, f"conntrack.timeouts.{k}", v.integer, 1,
+                                    int(_core.CT_TIMEOUT_RANGE[1]))  # whole seconds, up to the core's most
     return timeouts, max_conns
 
 
@@ -470,7 +482,8 @@ def _tenant(v: _V, index: int, tname: Any, t: Any, uplink: Optional[Uplink], int
         with v.guard:
             lim = v.mapping(t["limits"], f"{tp}.limits", [], ["connections"])
             if lim.get("connections") is not None:
-                connection_limit = v.opt(lim, "connections", f"{tp}.limits.connections", v.integer, 1, 1 << 30)
+                connection_limit = v.opt(lim, "connections", f"{tp}.limits.connections", v.integer, 1,
+                                         _core.CT_MAX_CONNECTIONS_RANGE[1])  # the core's (conntrack.h)
     nat = None
     if t.get("nat") is not None:
         with v.guard:

@@ -134,25 +134,6 @@ using DataplaneClass = py::class_<Dataplane, ExitSafePtr<Dataplane>>;
 
 namespace {
 
-// The status code's name (dpu::Err); dpu.errors.from_native maps names to
-// exception classes, the one mapping for both native extensions.
-const char* err_name(Err code) {
-  switch (code) {
-    case Err::OK: return "OK";
-    case Err::PARSE: return "PARSE";
-    case Err::UNKNOWN_PORT: return "UNKNOWN_PORT";
-    case Err::UNKNOWN_TABLE: return "UNKNOWN_TABLE";
-    case Err::UNKNOWN_GROUP: return "UNKNOWN_GROUP";
-    case Err::UNKNOWN_FIELD: return "UNKNOWN_FIELD";
-    case Err::BAD_VALUE: return "BAD_VALUE";
-    case Err::CONFLICT: return "CONFLICT";
-    case Err::PCAP: return "PCAP";
-    case Err::IO: return "IO";
-    case Err::INVALID: return "INVALID";
-  }
-  return "UNKNOWN";
-}
-
 // Text of a status as str; a token or file name cut inside a UTF-8 sequence
 // must not turn the error into a UnicodeDecodeError.
 py::object status_text(const std::string& t) {
@@ -190,40 +171,6 @@ std::string mac_str(const uint8_t* m) {
   return b;
 }
 
-bool parse_mac(const std::string& s, uint8_t* out) {
-  unsigned v[6];
-  if (std::sscanf(s.c_str(), "%2x:%2x:%2x:%2x:%2x:%2x", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]) != 6 ||
-      s.size() != 17)
-    return false;
-  for (int i = 0; i < 6; i++) out[i] = static_cast<uint8_t>(v[i]);
-  return true;
-}
-
-PortSpec port_spec(const py::dict& d) {
-  PortSpec ps;
-  ps.name = d["name"].cast<std::string>();
-  if (d.contains("ofport")) ps.ofport = d["ofport"].cast<uint32_t>();
-  if (!d.contains("tunnel") || !d["tunnel"].cast<bool>()) return ps;
-  ps.tunnel = true;
-  ps.underlay = d["underlay"].cast<std::string>();
-  TunnelCfg& c = ps.cfg;
-  std::string ip = d["local_ip"].cast<std::string>();
-  c.ipv6 = ip.find(':') != std::string::npos;
-  if (inet_pton(c.ipv6 ? AF_INET6 : AF_INET, ip.c_str(), c.local_ip) != 1)
-    raise_status(Status::Error(Err::INVALID, "tunnel port " + ps.name + ": bad local_ip '" + ip + "'"));
-  if (!parse_mac(d["local_mac"].cast<std::string>(), c.local_mac))
-    raise_status(Status::Error(Err::INVALID, "tunnel port " + ps.name + ": bad local_mac"));
-  if (!parse_mac(d["nexthop_mac"].cast<std::string>(), c.nexthop_mac))
-    raise_status(Status::Error(Err::INVALID, "tunnel port " + ps.name + ": bad nexthop_mac"));
-  if (d.contains("dst_port")) c.dst_port = d["dst_port"].cast<uint16_t>();
-  if (d.contains("sport_min")) c.sport_min = d["sport_min"].cast<uint16_t>();
-  if (d.contains("sport_max")) c.sport_max = d["sport_max"].cast<uint16_t>();
-  if (d.contains("ttl")) c.ttl = d["ttl"].cast<uint8_t>();
-  if (d.contains("mtu")) c.mtu = d["mtu"].cast<uint16_t>();
-  if (d.contains("strict")) c.strict = d["strict"].cast<bool>();
-  return ps;
-}
-
 py::dict port_dict(const PortInfo& p, Dataplane& dp) {
   py::dict d;
   d["name"] = p.name;
@@ -237,12 +184,9 @@ py::dict port_dict(const PortInfo& p, Dataplane& dp) {
     d["local_ip"] = std::string(ip);
     d["local_mac"] = mac_str(c.local_mac);
     d["nexthop_mac"] = mac_str(c.nexthop_mac);
-    d["dst_port"] = c.dst_port;
-    d["sport_min"] = c.sport_min;
-    d["sport_max"] = c.sport_max;
-    d["ttl"] = c.ttl;
-    d["mtu"] = c.mtu;
-    d["strict"] = c.strict;
+#define DPU_TUNNEL_PARAM(m, type, def, lo, hi, api, help) d[#m] = c.m;
+#include "dpu/tunnel_params.def"
+#undef DPU_TUNNEL_PARAM
   }
   return d;
 }
@@ -282,58 +226,9 @@ py::dict worker_counters_dict(const WorkerCounters& c) {
   return d;
 }
 
-const TxnOp::Kind kOpKinds[] = {TxnOp::ADD_FLOW, TxnOp::MOD_FLOWS, TxnOp::MOD_FLOWS_STRICT, TxnOp::DEL_FLOWS,
-                                TxnOp::DEL_FLOWS_STRICT, TxnOp::ADD_GROUP, TxnOp::MOD_GROUP, TxnOp::DEL_GROUPS,
-                                TxnOp::REPLACE_FLOWS};
-const char* const kOpNames[] = {"add_flow", "mod_flows", "mod_flows_strict", "del_flows",
-                                "del_flows_strict", "add_group", "mod_group", "del_groups", "replace_flows"};
-static_assert(std::size(kOpKinds) == std::size(kOpNames), "one name per kind");
+// ---- the transaction: typed objects, one apply -------------------------------------------------
 
-// One transaction from Python: ports to add and delete, flow/group ops as
-// (kind, text), tenants (None: unchanged), create_ports. Applied atomically.
-py::dict apply_txn(Dataplane& dp, const py::list& add_ports, const std::vector<std::string>& del_ports,
-                   const std::vector<std::pair<std::string, std::string>>& ops, const py::object& tenants,
-                   bool create_ports, const py::object& ct_zones, const py::object& nat_static) {
-  Txn txn;
-  for (const auto& p : add_ports) txn.add_ports.push_back(port_spec(p.cast<py::dict>()));
-  txn.del_ports = del_ports;
-  for (const auto& op : ops) {
-    TxnOp o;
-    bool found = false;
-    for (size_t k = 0; k < std::size(kOpNames); k++)
-      if (op.first == kOpNames[k]) {
-        o.kind = kOpKinds[k];
-        found = true;
-      }
-    if (!found) throw py::value_error("unknown operation " + op.first);
-    o.text = op.second;
-    txn.ops.push_back(std::move(o));
-  }
-  if (!tenants.is_none()) {
-    txn.set_tenants = true;
-    for (const auto& t : tenants.cast<std::vector<std::pair<std::string, uint64_t>>>())
-      txn.tenants.push_back({t.first, t.second});
-  }
-  txn.create_ports = create_ports;
-  if (!ct_zones.is_none()) {  // [(zone, limit, endpoint_independent_filtering)]
-    txn.set_ct_zones = true;
-    for (const auto& z : ct_zones.cast<std::vector<std::tuple<uint16_t, uint32_t, bool>>>())
-      txn.ct_zones.push_back({std::get<0>(z), CtZoneCfg{std::get<1>(z), std::get<2>(z)}});
-  }
-  if (!nat_static.is_none()) {  // [(zone, proto, internal ip, internal port, public ip, public port)]
-    txn.set_nat_static = true;
-    for (const auto& m : nat_static.cast<std::vector<std::tuple<uint16_t, uint8_t, std::string, uint16_t, std::string, uint16_t>>>()) {
-      StaticMapping sm;
-      sm.zone = std::get<0>(m);
-      sm.proto = std::get<1>(m);
-      if (inet_pton(AF_INET, std::get<2>(m).c_str(), &sm.int_addr) != 1 ||
-          inet_pton(AF_INET, std::get<4>(m).c_str(), &sm.ext_addr) != 1)
-        raise_status(Status::Error(Err::INVALID, "NAT mapping needs IPv4 addresses"));
-      sm.int_port = be16(std::get<3>(m));
-      sm.ext_port = be16(std::get<5>(m));
-      txn.nat_static.push_back(sm);
-    }
-  }
+py::dict apply_txn(Dataplane& dp, const Txn& txn) {
   TxnResult res;
   Status st;
   {
@@ -353,9 +248,112 @@ py::dict apply_txn(Dataplane& dp, const py::list& add_ports, const std::vector<s
   return d;
 }
 
+// dpu.Transaction builds a Txn from these and hands it to Dataplane.apply:
+// ports as PortSpec, flow and group changes as (OpKind, text), zones as
+// CtZone, port forwards as NatMapping, timeouts as CtTimeout. Every value
+// is checked by Dataplane::apply, which commits all of it or none.
+void bind_txn(py::module_& m) {
+  py::enum_<TxnOp::Kind>(m, "OpKind", "a flow or group change of a transaction (ovs-ofctl's commands)")
+      .value("ADD_FLOW", TxnOp::ADD_FLOW)
+      .value("MOD_FLOWS", TxnOp::MOD_FLOWS)
+      .value("MOD_FLOWS_STRICT", TxnOp::MOD_FLOWS_STRICT)
+      .value("DEL_FLOWS", TxnOp::DEL_FLOWS)
+      .value("DEL_FLOWS_STRICT", TxnOp::DEL_FLOWS_STRICT)
+      .value("ADD_GROUP", TxnOp::ADD_GROUP)
+      .value("MOD_GROUP", TxnOp::MOD_GROUP)
+      .value("DEL_GROUPS", TxnOp::DEL_GROUPS)
+      .value("REPLACE_FLOWS", TxnOp::REPLACE_FLOWS);
+  py::class_<PortSpec> ps(m, "PortSpec", "a port to add: plain, or (tunnel=True) a VXLAN port over `underlay`");
+  ps.def(py::init<>())
+      .def_readwrite("name", &PortSpec::name)
+      .def_readwrite("ofport", &PortSpec::ofport)
+      .def_readwrite("tunnel", &PortSpec::tunnel)
+      .def_readwrite("underlay", &PortSpec::underlay)
+      .def_readwrite("local_ip", &PortSpec::local_ip)
+      .def_readwrite("local_mac", &PortSpec::local_mac)
+      .def_readwrite("nexthop_mac", &PortSpec::nexthop_mac);
+#define DPU_TUNNEL_PARAM(mem, type, def, lo, hi, api, help) ps.def_readwrite(#mem, &PortSpec::mem, help);
+#include "dpu/tunnel_params.def"
+#undef DPU_TUNNEL_PARAM
+  py::class_<CtZoneSpec>(m, "CtZone", "a conntrack zone's settings: connection limit (0: none), endpoint-independent filtering")
+      .def(py::init([](int64_t zone, int64_t limit, bool eif) { return CtZoneSpec{zone, limit, eif}; }), py::arg("zone"),
+           py::arg("limit") = 0, py::arg("eif") = false)
+      .def_readwrite("zone", &CtZoneSpec::zone)
+      .def_readwrite("limit", &CtZoneSpec::limit)
+      .def_readwrite("eif", &CtZoneSpec::eif)
+      .def("__repr__", [](const CtZoneSpec& z) {
+        return "CtZone(zone=" + std::to_string(z.zone) + ", limit=" + std::to_string(z.limit) +
+               ", eif=" + (z.eif ? "True" : "False") + ")";
+      });
+  py::class_<NatStaticSpec>(m, "NatMapping", "a static NAT mapping (port forward): public endpoint <-> internal endpoint")
+      .def(py::init([](int64_t zone, int64_t proto, std::string internal_ip, int64_t internal_port, std::string public_ip,
+                       int64_t public_port) {
+             return NatStaticSpec{zone, proto, std::move(internal_ip), internal_port, std::move(public_ip), public_port};
+           }),
+           py::arg("zone"), py::arg("proto"), py::arg("internal_ip"), py::arg("internal_port"), py::arg("public_ip"),
+           py::arg("public_port"))
+      .def_readwrite("zone", &NatStaticSpec::zone)
+      .def_readwrite("proto", &NatStaticSpec::proto)
+      .def_readwrite("internal_ip", &NatStaticSpec::internal_ip)
+      .def_readwrite("internal_port", &NatStaticSpec::internal_port)
+      .def_readwrite("public_ip", &NatStaticSpec::public_ip)
+      .def_readwrite("public_port", &NatStaticSpec::public_port)
+      .def("__repr__", [](const NatStaticSpec& n) {
+        return "NatMapping(zone=" + std::to_string(n.zone) + ", proto=" + std::to_string(n.proto) + ", internal_ip='" +
+               n.internal_ip + "', internal_port=" + std::to_string(n.internal_port) + ", public_ip='" + n.public_ip +
+               "', public_port=" + std::to_string(n.public_port) + ")";
+      });
+  py::class_<CtTimeoutSpec>(m, "CtTimeout", "a conntrack timeout by name (CT_TIMEOUTS), in seconds")
+      .def(py::init([](std::string name, double seconds) { return CtTimeoutSpec{std::move(name), seconds}; }),
+           py::arg("name"), py::arg("seconds"))
+      .def_readwrite("name", &CtTimeoutSpec::name)
+      .def_readwrite("seconds", &CtTimeoutSpec::seconds);
+  py::class_<Txn>(m, "Txn", "one transaction: validated whole by Dataplane.apply, then committed whole")
+      .def(py::init<>())
+      .def("add_port", [](Txn& t, const PortSpec& p) { t.add_ports.push_back(p); }, py::arg("port"))
+      .def("del_port", [](Txn& t, const std::string& name) { t.del_ports.push_back(name); }, py::arg("name"))
+      .def("add_ops",
+           [](Txn& t, const std::vector<std::pair<TxnOp::Kind, std::string>>& ops) {
+             t.ops.reserve(t.ops.size() + ops.size());
+             for (const auto& o : ops) t.ops.push_back(TxnOp{o.first, o.second});
+           },
+           py::arg("ops"))
+      .def("set_tenants",
+           [](Txn& t, const std::vector<std::pair<std::string, uint64_t>>& tenants) {
+             t.set_tenants = true;
+             t.tenants.clear();
+             for (const auto& x : tenants) t.tenants.push_back({x.first, x.second});
+           },
+           py::arg("tenants"))
+      .def("set_ct_zones",
+           [](Txn& t, const std::vector<CtZoneSpec>& zones) {
+             t.set_ct_zones = true;
+             t.ct_zones = zones;
+           },
+           py::arg("zones"))
+      .def("set_nat_static",
+           [](Txn& t, const std::vector<NatStaticSpec>& maps) {
+             t.set_nat_static = true;
+             t.nat_static = maps;
+           },
+           py::arg("mappings"))
+      .def("set_ct_timeouts", [](Txn& t, const std::vector<CtTimeoutSpec>& v) { t.ct_timeouts = v; }, py::arg("timeouts"))
+      .def_readwrite("ct_max_connections", &Txn::ct_max_connections)
+      .def_readwrite("create_ports", &Txn::create_ports)
+      .def_property_readonly("n_ops", [](const Txn& t) { return t.ops.size(); })
+      .def_property_readonly("empty", [](const Txn& t) {
+        return t.add_ports.empty() && t.del_ports.empty() && t.ops.empty() && !t.set_tenants && !t.set_ct_zones &&
+               !t.set_nat_static && t.ct_timeouts.empty() && !t.ct_max_connections;
+      });
+}
+
 // ---- conntrack ----------------------------------------------------------------------------------
 
-const char* const kTimeoutNames[TM_COUNT] = {"tcp_transitory", "tcp_established", "udp", "icmp"};
+const char* const kTimeoutNames[TM_COUNT] = {
+#define DPU_CT_TIMEOUT(e, name, seconds, help) #name,
+#include "dpu/ct_timeouts.def"
+#undef DPU_CT_TIMEOUT
+};
 
 py::dict ct_key_dict(const CtKey& k) {
   py::dict d;
@@ -444,29 +442,6 @@ py::dict ct_config_get(Dataplane& dp) {
   return d;
 }
 
-void ct_config_set(Dataplane& dp, const py::dict& timeouts, const py::object& max_conns) {
-  CtConfig c = dp.conntrack().config();
-  for (auto kv : timeouts) {
-    std::string k = kv.first.cast<std::string>();
-    int i = 0;
-    while (i < TM_COUNT && k != kTimeoutNames[i]) i++;
-    if (i == TM_COUNT)
-      raise_status(Status::Error(Err::INVALID, "unknown conntrack timeout '" + k +
-                                                   "' (tcp_established, tcp_transitory, udp, icmp)"));
-    double sec = kv.second.cast<double>();
-    if (!(sec > 0) || sec > 30.0 * 24 * 3600)
-      raise_status(Status::Error(Err::INVALID, "conntrack timeout " + k + " must be between 0 and 30 days (seconds)"));
-    c.timeout_ns[i] = static_cast<int64_t>(sec * 1e9);
-  }
-  if (!max_conns.is_none()) {
-    int64_t m = max_conns.cast<int64_t>();
-    if (m < 1 || m > (1ll << 30))
-      raise_status(Status::Error(Err::INVALID, "max_connections must be 1..1073741824"));
-    c.max_conns = static_cast<uint32_t>(m);
-  }
-  dp.conntrack().set_config(c);
-}
-
 void bind_conntrack(DataplaneClass& c) {
   c.def("ct_dump", &ct_dump, py::arg("zone") = -1)
       .def("ct_flush",
@@ -476,8 +451,13 @@ void bind_conntrack(DataplaneClass& c) {
            },
            py::arg("zone") = -1)
       .def("ct_stats", &ct_stats)
+      .def("ct_settings",
+           [](Dataplane& dp) {
+             Dataplane::CtSettings s = dp.ct_settings();
+             return py::make_tuple(s.zones, s.nat_static);
+           },
+           "(zones, NAT mappings) as committed: [CtZone], [NatMapping]")
       .def("ct_config", &ct_config_get)
-      .def("set_ct_config", &ct_config_set, py::arg("timeouts"), py::arg("max_connections"))
       .def("set_frag_nx_match",
            [](Dataplane& dp, bool on) {
              NativeCall nogil;
@@ -488,6 +468,29 @@ void bind_conntrack(DataplaneClass& c) {
 
 // ---- module-level helpers: clock calibration, self-tests, drop reasons -------------------
 void bind_module_functions(py::module_& m) {
+  // The seam's facts, from where the core keeps them: conntrack's timeouts
+  // (ct_timeouts.def: name, default seconds, what it applies to) with their
+  // bounds in seconds and the connection limit's; a tunnel port's settings
+  // (tunnel_params.def: member, default, min, max, API name, meaning).
+  {
+    py::list t;
+#define DPU_CT_TIMEOUT(e, name, seconds, help) t.append(py::make_tuple(#name, static_cast<double>(seconds), help));
+#include "dpu/ct_timeouts.def"
+#undef DPU_CT_TIMEOUT
+    m.attr("CT_TIMEOUTS") = py::tuple(t);
+    m.attr("CT_TIMEOUT_RANGE") = py::make_tuple(kCtTimeoutMinNs / 1e9, kCtTimeoutMaxNs / 1e9);
+    m.attr("CT_MAX_CONNECTIONS_RANGE") = py::make_tuple(kCtMaxConnsMin, kCtMaxConnsMax);
+    m.attr("CT_MAX_CONNECTIONS_DEFAULT") = CtConfig().max_conns;
+    py::list p;
+#define DPU_TUNNEL_PARAM(mem, type, def, lo, hi, api, help)                                                 \
+  p.append(py::make_tuple(#mem, std::is_same_v<type, bool> ? py::object(py::bool_(def)) : py::object(py::int_(def)), \
+                          lo, hi, api, help));
+#include "dpu/tunnel_params.def"
+#undef DPU_TUNNEL_PARAM
+    m.attr("TUNNEL_PARAMS") = py::tuple(p);
+    m.attr("TUNNEL_MTU_MIN_IPV6") = kTunnelMtuMinIpv6;
+    m.attr("MAX_OFPORT") = kMaxOfport;
+  }
   m.attr("DEFAULT_BURST") = kDefaultBurst;  // frames a worker takes from a queue at a time (batch.h)
   m.attr("MAX_BURST") = kBatchMax;
   // The live I/O backends this build can open (`dpu demo` names them): AF_XDP only where
@@ -630,6 +633,36 @@ void bind_module_functions(py::module_& m) {
     d["worker"] = worker;
     return d;
   });
+  // counters.def's queue group: [(key in a live port's interfaces entry, description)].
+  m.def("queue_counters", [] {
+    py::list queue;
+#define DPU_QUEUE_COUNTER(m, h) queue.append(py::make_tuple(#m, h));
+#include "dpu/counters.def"
+#undef DPU_QUEUE_COUNTER
+    return queue;
+  });
+  // errors.def as data: [(code name, dpu.errors class name, meaning)]; dpu/errors.py builds its
+  // name -> class mapping from it.
+  m.def("errors", [] {
+    std::vector<std::tuple<std::string, std::string, std::string>> v;
+#define DPU_ERR(name, cls, help) v.emplace_back(#name, #cls, help);
+#include "dpu/errors.def"
+#undef DPU_ERR
+    return v;
+  });
+  // The first output that is an input (the same file), as (output index, input index), or None:
+  // the one decision behind every "writing it would destroy an input" (runner.h).
+  m.def(
+      "find_overwrite",
+      [](const std::vector<std::string>& outputs, const std::vector<std::string>& inputs) -> py::object {
+        std::pair<int, int> hit;
+        {
+          NativeCall nogil;
+          hit = find_overwrite(outputs, inputs);
+        }
+        return hit.first < 0 ? py::object(py::none()) : py::object(py::make_tuple(hit.first, hit.second));
+      },
+      py::arg("outputs"), py::arg("inputs"));
   m.def("drop_reasons", [] {
     std::vector<std::pair<std::string, std::string>> v;
     for (int r = 0; r < drop_reason_count(); r++) v.emplace_back(drop_reason_name(r), drop_reason_help(r));
@@ -690,10 +723,10 @@ void bind_live(py::module_& m, DataplaneClass& c) {
           py::dict d;
           d["ofport"] = q.ofport;
           d["ifname"] = q.ifname;
-          d["rx_ring_drops"] = q.c.rx_ring_drops;
-          d["rx_truncated"] = q.c.rx_truncated;
-          d["tx_refused"] = q.c.tx_refused;
-          d["link_errors"] = q.c.link_errors;
+#define DPU_QUEUE_COUNTER(m, help) d[#m] = q.c.m;
+#include "dpu/counters.def"
+#undef DPU_QUEUE_COUNTER
+          d["rx_truncated"] = q.c.rx_too_long;  // the old name of rx_too_long, kept for scripts
           py::list refused;  // super-frames it could not cut, by kind: (what they are, ethtool features to turn off)
           for (uint32_t b = 0; b < kOffloadKinds; b++)
             if (q.c.offload_kinds & (1u << b)) {
@@ -808,11 +841,7 @@ std::vector<MegaflowRow> dump_megaflows(Dataplane& dp) {
 // ---- control: transactions, ports, tenants, dumps ----------------------------------------------
 void bind_control(DataplaneClass& c) {
   c.def(py::init<size_t>(), py::arg("workers") = 1)
-      .def(
-          "apply",
-          apply_txn,
-          py::arg("add_ports"), py::arg("del_ports"), py::arg("ops"), py::arg("tenants"), py::arg("create_ports"),
-          py::arg("ct_zones") = py::none(), py::arg("nat_static") = py::none())
+      .def("apply", apply_txn, py::arg("txn"))
       .def("ports",
            [](Dataplane& dp) {
              py::list l;
@@ -1015,16 +1044,12 @@ void bind_packets(DataplaneClass& c) {
              const uint64_t* off = arr_ptr(offsets, n, "offsets");
              const uint32_t* ln = arr_ptr(lens, n, "lens");
              const uint32_t* pt = arr_ptr(ports, n, "ports");
-             std::vector<uint8_t> known;
-             for (const PortInfo& p : dp.ports()) {
-               if (known.size() <= p.ofport) known.resize(p.ofport + 1);
-               known[p.ofport] = 1;
-             }
              for (size_t i = 0; i < n; i++) {
                if (off[i] > buf.size() || ln[i] > buf.size() - off[i]) throw py::value_error("packet runs past the buffer");
                if (ln[i] > Packet::max_capacity()) throw py::value_error("packet larger than a buffer");
-               if (pt[i] >= known.size() || !known[pt[i]]) raise_status(Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(pt[i])));
              }
+             const Status ports_ok = check_input_ports(&dp, pt, n, false);  // (`check` is the argument here)
+             if (!ports_ok.ok()) raise_status(ports_ok);
              BenchCheck bc;
              if (!check.is_none()) {  // (base version, routes): churn-hit's stamps (runner.h)
                auto t = check.cast<std::pair<uint64_t, uint32_t>>();
@@ -1058,6 +1083,13 @@ void bind_packets(DataplaneClass& c) {
              return r;
            },
            py::arg("inputs"), py::arg("out_dir"), py::arg("drops_pcap") = "", py::keep_alive<0, 1>())
+      .def("replay_outputs",
+           [](Dataplane& dp, const std::string& out_dir) {
+             std::vector<std::pair<std::string, std::string>> v;
+             for (const ReplayOutput& o : replay_outputs(&dp, out_dir)) v.emplace_back(o.port, o.path);
+             return v;
+           },
+           py::arg("out_dir"), "(port, file) of each file a replay into out_dir writes")
       .def("set_profile",
            [](Dataplane& dp, bool on) {
              NativeCall nogil;
@@ -1094,6 +1126,7 @@ PYBIND11_MODULE(_core, m) {
   // may have held at the fork
   pthread_atfork(nullptr, nullptr, [] { g_exit = new ExitGate; });
   bind_module_functions(m);
+  bind_txn(m);
   bind_replayer(m);
   DataplaneClass dp(m, "Dataplane");
   bind_control(dp);

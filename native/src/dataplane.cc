@@ -6,6 +6,8 @@
 #include <chrono>
 #include <functional>
 #include <cctype>
+#include <cmath>
+#include <cstdio>
 #include <set>
 #include <unordered_set>
 
@@ -111,6 +113,43 @@ bool Dataplane::frag_nx_match() const {
   return config_.load(std::memory_order_relaxed)->frag_nx_match;
 }
 
+// ---- ports: a PortSpec checked and turned into what the port table keeps ---------------
+
+static bool parse_mac(const std::string& s, uint8_t* out) {
+  unsigned v[6];
+  char tail;
+  if (s.size() != 17 || std::sscanf(s.c_str(), "%2x:%2x:%2x:%2x:%2x:%2x%c", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5],
+                                    &tail) != 6)
+    return false;
+  for (int i = 0; i < 6; i++) out[i] = static_cast<uint8_t>(v[i]);
+  return true;
+}
+
+// A tunnel port's settings (tunnel_params.def) into its TunnelCfg (the
+// underlay is resolved by the caller).
+static Status tunnel_cfg(const PortSpec& ps, TunnelCfg* c) {
+  const std::string who = "tunnel port '" + ps.name + "': ";
+  c->ipv6 = ps.local_ip.find(':') != std::string::npos;
+  if (inet_pton(c->ipv6 ? AF_INET6 : AF_INET, ps.local_ip.c_str(), c->local_ip) != 1)
+    return Status::Error(Err::INVALID, who + "bad local_ip '" + ps.local_ip + "' (an IPv4 or IPv6 address)");
+  if (!parse_mac(ps.local_mac, c->local_mac))
+    return Status::Error(Err::INVALID, who + "bad local_mac '" + ps.local_mac + "' (aa:bb:cc:dd:ee:ff)");
+  if (!parse_mac(ps.nexthop_mac, c->nexthop_mac))
+    return Status::Error(Err::INVALID, who + "bad nexthop_mac '" + ps.nexthop_mac + "' (aa:bb:cc:dd:ee:ff)");
+#define DPU_TUNNEL_PARAM(m, type, def, lo, hi, api, help)                                                      \
+  if (static_cast<int64_t>(ps.m) < (lo) || static_cast<int64_t>(ps.m) > (hi))                                  \
+    return Status::Error(Err::INVALID, who + api " must be " + std::to_string(lo) + ".." + std::to_string(hi) + \
+                                           ", got " + std::to_string(static_cast<int64_t>(ps.m)));              \
+  c->m = static_cast<type>(ps.m);
+#include "dpu/tunnel_params.def"
+#undef DPU_TUNNEL_PARAM
+  if (c->ipv6 && c->mtu < kTunnelMtuMinIpv6)
+    return Status::Error(Err::INVALID, who + "an IPv6 underlay's mtu must be " + std::to_string(kTunnelMtuMinIpv6) +
+                                           "..10000, got " + std::to_string(c->mtu));
+  if (c->sport_min > c->sport_max) return Status::Error(Err::INVALID, who + "source port range is empty");
+  return Status::Ok();
+}
+
 Status Dataplane::validate_ports(const Txn& txn, const Config& cur, TxnPorts* tp, std::vector<PortInfo>* add) {
   const PortTable& ports = *cur.ports;
   for (const std::string& name : txn.del_ports) {
@@ -126,6 +165,9 @@ Status Dataplane::validate_ports(const Txn& txn, const Config& cur, TxnPorts* tp
     if (!TxnPorts::valid_name(ps.name))
       return Status::Error(Err::INVALID, "bad port name '" + ps.name +
                                              "': use letters, digits, '_', '-', '.', not starting with a digit");
+    if (ps.ofport < 0 || ps.ofport > kMaxOfport)
+      return Status::Error(Err::INVALID, "port '" + ps.name + "': ofport must be 0 (the next free) or 1.." +
+                                             std::to_string(kMaxOfport) + ", got " + std::to_string(ps.ofport));
     if (tp->port_number(ps.name) && !txn.create_ports)
       return Status::Error(Err::CONFLICT, "port '" + ps.name + "' already exists");
     if (tp->added_.count(ps.name) || (ports.port_number(ps.name) && !tp->deleted_.count(ports.port_number(ps.name))))
@@ -133,19 +175,17 @@ Status Dataplane::validate_ports(const Txn& txn, const Config& cur, TxnPorts* tp
     PortInfo pi;
     pi.name = ps.name;
     pi.tunnel = ps.tunnel;
-    pi.tnl = ps.cfg;
     if (ps.ofport) {
-      if (ps.ofport > kMaxOfport)
-        return Status::Error(Err::BAD_VALUE, "port '" + ps.name + "': port number " + std::to_string(ps.ofport) +
-                                                 " out of range (1-" + std::to_string(kMaxOfport) + ")");
-      if ((ports.get(ps.ofport) && !tp->deleted_.count(ps.ofport)) ||
-          tp->names_.count(ps.ofport))
-        return Status::Error(Err::CONFLICT, "port number " + std::to_string(ps.ofport) + " is taken");
-      pi.ofport = ps.ofport;
+      const uint32_t n = static_cast<uint32_t>(ps.ofport);
+      if ((ports.get(n) && !tp->deleted_.count(n)) || tp->names_.count(n))
+        return Status::Error(Err::CONFLICT, "port number " + std::to_string(n) + " is taken");
+      pi.ofport = n;
     } else {
       pi.ofport = tp->alloc();
     }
     if (ps.tunnel) {
+      Status st = tunnel_cfg(ps, &pi.tnl);
+      if (!st.ok()) return st;
       uint32_t u = tp->port_number(ps.underlay);
       if (!u) return Status::Error(Err::UNKNOWN_PORT, "tunnel port '" + ps.name + "': unknown underlay port '" + ps.underlay + "'");
       const PortInfo* up = ports.get(u);
@@ -154,8 +194,6 @@ Status Dataplane::validate_ports(const Txn& txn, const Config& cur, TxnPorts* tp
         if (a.ofport == u) up_tunnel = a.tunnel;
       if (up_tunnel) return Status::Error(Err::INVALID, "tunnel port '" + ps.name + "': underlay cannot be a tunnel port");
       pi.tnl.underlay = u;
-      if (pi.tnl.sport_min > pi.tnl.sport_max)
-        return Status::Error(Err::INVALID, "tunnel port '" + ps.name + "': source port range is empty");
     }
     tp->add(ps.name, pi.ofport);
     add->push_back(pi);
@@ -350,6 +388,112 @@ Status Dataplane::validate_tenants(const Txn& txn) const {
   }
   if (slots >= 0xffff)
     return Status::Error(Err::INVALID, "too many tenants (at most 65534 names over the dataplane's life)");
+  return Status::Ok();
+}
+
+// ---- conntrack: zones, NAT port forwards, timeouts, the connection limit ---------------
+
+static const char* const kCtTimeoutNames[TM_COUNT] = {
+#define DPU_CT_TIMEOUT(e, name, seconds, help) #name,
+#include "dpu/ct_timeouts.def"
+#undef DPU_CT_TIMEOUT
+};
+
+static std::string ct_timeout_names() {
+  std::string s;
+  for (const char* n : kCtTimeoutNames) s += (s.empty() ? "" : ", ") + std::string(n);
+  return s;
+}
+
+// "NAT mapping 2 (zone 5, tcp 198.51.100.1:8080 -> 10.0.0.1:80)": as given.
+static std::string nat_item(size_t i, const NatStaticSpec& m) {
+  const std::string proto = m.proto == kIpTcp ? "tcp" : m.proto == kIpUdp ? "udp" : "protocol " + std::to_string(m.proto);
+  return "NAT mapping " + std::to_string(i + 1) + " (zone " + std::to_string(m.zone) + ", " + proto + " " +
+         m.public_ip + ":" + std::to_string(m.public_port) + " -> " + m.internal_ip + ":" +
+         std::to_string(m.internal_port) + ")";
+}
+
+// A unicast IPv4 address (network order): not 0.0.0.0, multicast or broadcast.
+static bool unicast_v4(const std::string& s, uint32_t* out) {
+  if (inet_pton(AF_INET, s.c_str(), out) != 1) return false;
+  const uint32_t h = ntohl(*out);
+  return h != 0 && (h >> 28) != 0xe && h != 0xffffffffu;
+}
+
+Status Dataplane::validate_ct(const Txn& txn, CtParsed* out) const {
+  if (txn.set_ct_zones) {
+    std::unordered_set<int64_t> seen;
+    for (const CtZoneSpec& z : txn.ct_zones) {
+      if (z.zone < 0 || z.zone > 65535)
+        return Status::Error(Err::INVALID, "conntrack zone " + std::to_string(z.zone) + " is out of range (0..65535)");
+      if (!seen.insert(z.zone).second)
+        return Status::Error(Err::CONFLICT, "conntrack zone " + std::to_string(z.zone) + " is given twice");
+      if (z.limit < 0 || z.limit > kCtMaxConnsMax)
+        return Status::Error(Err::INVALID, "conntrack zone " + std::to_string(z.zone) +
+                                               ": the connection limit must be 0 (none) or 1.." +
+                                               std::to_string(kCtMaxConnsMax) + ", got " + std::to_string(z.limit));
+      out->zones.push_back({static_cast<uint16_t>(z.zone), CtZoneCfg{static_cast<uint32_t>(z.limit), z.eif}});
+    }
+  }
+  if (txn.set_nat_static) {
+    // The NAT table finds a mapping by its public endpoint whatever the zone,
+    // and by its internal endpoint and public address within a zone: each
+    // must name one mapping.
+    std::unordered_map<std::string, size_t> by_public, by_internal;
+    for (size_t i = 0; i < txn.nat_static.size(); i++) {
+      const NatStaticSpec& m = txn.nat_static[i];
+      auto bad = [&](Err code, const std::string& what) { return Status::Error(code, nat_item(i, m) + ": " + what); };
+      if (m.zone < 0 || m.zone > 65535) return bad(Err::INVALID, "zone out of range (0..65535)");
+      if (m.proto != kIpTcp && m.proto != kIpUdp) return bad(Err::INVALID, "the protocol must be tcp (6) or udp (17)");
+      StaticMapping sm;
+      if (!unicast_v4(m.internal_ip, &sm.int_addr))
+        return bad(Err::INVALID, "the internal address must be a unicast IPv4 address, not '" + m.internal_ip + "'");
+      if (!unicast_v4(m.public_ip, &sm.ext_addr))
+        return bad(Err::INVALID, "the public address must be a unicast IPv4 address, not '" + m.public_ip + "'");
+      if (m.internal_port < 1 || m.internal_port > 65535) return bad(Err::INVALID, "the internal port must be 1..65535");
+      if (m.public_port < 1 || m.public_port > 65535) return bad(Err::INVALID, "the public port must be 1..65535");
+      sm.zone = static_cast<uint16_t>(m.zone);
+      sm.proto = static_cast<uint8_t>(m.proto);
+      sm.int_port = be16(static_cast<uint16_t>(m.internal_port));
+      sm.ext_port = be16(static_cast<uint16_t>(m.public_port));
+      const std::string pub = std::to_string(m.proto) + " " + m.public_ip + ":" + std::to_string(m.public_port);
+      auto p = by_public.emplace(pub, i);
+      if (!p.second)
+        return bad(Err::CONFLICT, "its public endpoint is already " + nat_item(p.first->second, txn.nat_static[p.first->second]) + "'s");
+      const std::string in = std::to_string(m.zone) + " " + std::to_string(m.proto) + " " + m.internal_ip + ":" +
+                             std::to_string(m.internal_port) + " " + m.public_ip;
+      auto q = by_internal.emplace(in, i);
+      if (!q.second)
+        return bad(Err::CONFLICT, "its internal endpoint already goes out through " + m.public_ip + " in " +
+                                      nat_item(q.first->second, txn.nat_static[q.first->second]));
+      out->nat.push_back(sm);
+    }
+  }
+  out->config = ct_.config();
+  for (const CtTimeoutSpec& t : txn.ct_timeouts) {
+    int i = 0;
+    while (i < TM_COUNT && t.name != kCtTimeoutNames[i]) i++;
+    if (i == TM_COUNT)
+      return Status::Error(Err::INVALID, "unknown conntrack timeout '" + t.name + "' (" + ct_timeout_names() + ")");
+    const double ns = t.seconds * 1e9;  // whole nanoseconds, rounded
+    if (!(ns >= 0 && ns <= kCtTimeoutMaxNs) || std::llround(ns) < kCtTimeoutMinNs) {
+      char got[64];
+      std::snprintf(got, sizeof got, "%g", t.seconds);
+      return Status::Error(Err::INVALID, "ct timeout '" + t.name + "' must be a number of seconds, above 0 and at most " +
+                                             std::to_string(kCtTimeoutMaxNs / 1000000000) + " (" +
+                                             std::to_string(kCtTimeoutMaxNs / 86400000000000) + " days), got " + got);
+    }
+    out->config.timeout_ns[i] = std::llround(ns);
+    out->set_config = true;
+  }
+  if (txn.ct_max_connections) {
+    const int64_t m = *txn.ct_max_connections;
+    if (m < kCtMaxConnsMin || m > kCtMaxConnsMax)
+      return Status::Error(Err::INVALID, "max_connections must be " + std::to_string(kCtMaxConnsMin) + ".." +
+                                             std::to_string(kCtMaxConnsMax) + ", got " + std::to_string(m));
+    out->config.max_conns = static_cast<uint32_t>(m);
+    out->set_config = true;
+  }
   return Status::Ok();
 }
 
@@ -661,6 +805,9 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
   if (!st.ok()) return st;
   st = validate_tenants(txn);
   if (!st.ok()) return st;
+  CtParsed ct;
+  st = validate_ct(txn, &ct);
+  if (!st.ok()) return st;
 
   // Commit: the next version, built beside the current one and published
   // at once. No worker is waited for.
@@ -668,8 +815,15 @@ Status Dataplane::apply(const Txn& txn, TxnResult* res) {
   commit_ports(txn, tp, new_ports, c, res);
   commit_ops(txn, parsed, c, res);
   if (txn.set_tenants) commit_tenants(c, txn.tenants);
-  if (txn.set_ct_zones) ct_.set_zones(txn.ct_zones);
-  if (txn.set_nat_static) ct_.nat().set_static(txn.nat_static);
+  if (txn.set_ct_zones) {
+    ct_.set_zones(ct.zones);
+    ct_settings_.zones = txn.ct_zones;
+  }
+  if (txn.set_nat_static) {
+    ct_.nat().set_static(ct.nat);
+    ct_settings_.nat_static = txn.nat_static;
+  }
+  if (ct.set_config) ct_.set_config(ct.config);
   res->version = c.version();
   c.publish();
   return Status::Ok();
@@ -779,6 +933,11 @@ std::vector<Dataplane::TenantInfo> Dataplane::tenants() {
     if (tenant_slots_[i].active)
       v.push_back({tenant_slots_[i].name, tenant_slots_[i].metadata, static_cast<uint16_t>(i + 1)});
   return v;
+}
+
+Dataplane::CtSettings Dataplane::ct_settings() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return ct_settings_;
 }
 
 uint32_t Dataplane::port_number(const std::string& name) {

@@ -5,7 +5,8 @@
 //
 // Control (any thread, one at a time: the control mutex mu_):
 //   apply(Txn)   the single validate-then-commit entry point for ports, flows,
-//                groups, tenants, conntrack zones and NAT port forwards.
+//                groups, tenants, conntrack zones, NAT port forwards and
+//                conntrack's timeouts and connection limit.
 //                Everything in a Txn is parsed and checked first; then its
 //                rules go into the tables with the next version (invisible to
 //                every reader until that version is published), the rest into
@@ -29,8 +30,10 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -47,17 +50,55 @@
 
 namespace dpu {
 
+// ---- the transaction: what a writer asks for, typed --------------------------------------
+// Numbers a user gives are wide (int64_t) so that apply(), not a narrowing
+// cast on the way in, refuses one out of range, naming the item it belongs to.
+
+// A port to add: plain, or a VXLAN tunnel port bound to an underlay port.
 struct PortSpec {
   std::string name;
+  int64_t ofport = 0;        // 0: the next free number; else 1..kMaxOfport
   bool tunnel = false;
-  std::string underlay;  // tunnel ports: name of the uplink port
-  TunnelCfg cfg;
-  uint32_t ofport = 0;   // 0 = next free number
+  // tunnel ports only
+  std::string underlay;      // name of the uplink port
+  std::string local_ip;      // IPv4 or IPv6: the VTEP's address
+  std::string local_mac, nexthop_mac;  // aa:bb:cc:dd:ee:ff
+  // dst_port, sport_min, sport_max, ttl, mtu, strict: tunnel_params.def
+#define DPU_TUNNEL_PARAM(m, type, def, lo, hi, api, help) \
+  std::conditional_t<std::is_same_v<type, bool>, bool, int64_t> m = def;
+#include "dpu/tunnel_params.def"
+#undef DPU_TUNNEL_PARAM
 };
 
 struct TenantSpec {
   std::string name;
   uint64_t metadata = 0;
+};
+
+// Conntrack zone settings: connection limit (0: none; the global limit
+// still applies) and endpoint-independent filtering (RFC 4787 REQ-8).
+struct CtZoneSpec {
+  int64_t zone = 0;          // 0..65535
+  int64_t limit = 0;         // 0..kCtMaxConnsMax
+  bool eif = false;
+};
+
+// A static NAT mapping (a port forward): connections to the public endpoint
+// go to the internal one, and the internal one's connections leave from the
+// public one. IPv4, TCP or UDP.
+struct NatStaticSpec {
+  int64_t zone = 0;          // 0..65535
+  int64_t proto = 0;         // 6 (tcp) or 17 (udp)
+  std::string internal_ip;
+  int64_t internal_port = 0;  // 1..65535
+  std::string public_ip;
+  int64_t public_port = 0;    // 1..65535
+};
+
+// A conntrack timeout by its name (ct_timeouts.def), in seconds.
+struct CtTimeoutSpec {
+  std::string name;
+  double seconds = 0;
 };
 
 struct TxnOp {
@@ -72,19 +113,23 @@ struct TxnOp {
   std::string text;
 };
 
+// Everything one apply() validates and then commits together, or not at all.
 struct Txn {
   std::vector<PortSpec> add_ports;
-  // conntrack: zone settings (tenant quotas, filtering) and NAT port forwards,
-  // replaced as a whole when set
-  bool set_ct_zones = false;
-  std::vector<std::pair<uint16_t, CtZoneCfg>> ct_zones;
-  bool set_nat_static = false;
-  std::vector<StaticMapping> nat_static;
   std::vector<std::string> del_ports;
-  std::vector<TxnOp> ops;
-  bool set_tenants = false;
+  std::vector<TxnOp> ops;        // flows and groups, in order (an error names its op's line)
+  bool set_tenants = false;      // replace the tenant map with `tenants`
   std::vector<TenantSpec> tenants;
-  bool create_ports = false;  // unknown port names in flows become new plain ports
+  bool create_ports = false;     // unknown port names in flows become new plain ports
+  // conntrack: zone settings and NAT port forwards, each replaced as a whole when set
+  bool set_ct_zones = false;
+  std::vector<CtZoneSpec> ct_zones;
+  bool set_nat_static = false;
+  std::vector<NatStaticSpec> nat_static;
+  // conntrack: the timeouts named here change, the others stay; the
+  // connection limit changes when given
+  std::vector<CtTimeoutSpec> ct_timeouts;
+  std::optional<int64_t> ct_max_connections;
 };
 
 struct TxnResult {
@@ -157,6 +202,13 @@ class Dataplane : public DatapathView {
     uint16_t slot;  // index of its counters; stays with the name across reloads
   };
   std::vector<TenantInfo> tenants();
+  // The conntrack zone settings and NAT port forwards as the last
+  // transaction that set them committed them.
+  struct CtSettings {
+    std::vector<CtZoneSpec> zones;
+    std::vector<NatStaticSpec> nat_static;
+  };
+  CtSettings ct_settings() const;
   uint32_t port_number(const std::string& name);
   std::string port_name(uint32_t p);
 
@@ -208,6 +260,15 @@ class Dataplane : public DatapathView {
   Status validate_flow_op(const TxnOp& op, const TxnPorts& tp, const GroupGraph& gg, int line, ParsedOp* p) const;
   Status validate_group_op(const TxnOp& op, const TxnPorts& tp, GroupGraph* gg, int line, ParsedOp* p) const;
   Status validate_tenants(const Txn& txn) const;
+  // Conntrack's part: zones, NAT mappings, timeouts and limit, checked and
+  // converted (the commit step only stores them).
+  struct CtParsed {
+    std::vector<std::pair<uint16_t, CtZoneCfg>> zones;
+    std::vector<StaticMapping> nat;
+    CtConfig config;
+    bool set_config = false;
+  };
+  Status validate_ct(const Txn& txn, CtParsed* out) const;
   void commit_ports(const Txn& txn, const TxnPorts& tp, const std::vector<PortInfo>& new_ports, Commit& c,
                     TxnResult* res);
   void commit_ops(const Txn& txn, std::vector<ParsedOp>& parsed, Commit& c, TxnResult* res);
@@ -234,6 +295,7 @@ class Dataplane : public DatapathView {
     bool active = false;
   };
   std::vector<TenantSlot> tenant_slots_;
+  CtSettings ct_settings_;  // as committed (the control mutex)
   Conntrack ct_;        // before the workers: they detach from it when they go
   RecircTable recirc_;
   // After the tables (destroyed before them: its deferred removals run while

@@ -143,10 +143,9 @@ std::vector<LiveQueueStats> LiveRunner::queue_stats() const {
       for (size_t k = 0; k < queues_[w].size(); k++) {
         if (queue_port_[w][k] != pi) continue;
         const QueueCounters& c = queues_[w][k]->counters;
-        s.c.rx_ring_drops += __atomic_load_n(&c.rx_ring_drops, __ATOMIC_RELAXED);
-        s.c.rx_truncated += __atomic_load_n(&c.rx_truncated, __ATOMIC_RELAXED);
-        s.c.tx_refused += __atomic_load_n(&c.tx_refused, __ATOMIC_RELAXED);
-        s.c.link_errors += __atomic_load_n(&c.link_errors, __ATOMIC_RELAXED);
+#define DPU_QUEUE_COUNTER(m, help) s.c.m += __atomic_load_n(&c.m, __ATOMIC_RELAXED);
+#include "dpu/counters.def"
+#undef DPU_QUEUE_COUNTER
         s.c.offload_kinds |= __atomic_load_n(&c.offload_kinds, __ATOMIC_RELAXED);
       }
     }

@@ -27,12 +27,13 @@ struct TunnelCfg {
   uint8_t local_ip[16] = {}; // IPv4 in the first 4 bytes (network order)
   uint8_t local_mac[6] = {};
   uint8_t nexthop_mac[6] = {};
-  uint16_t dst_port = 4789;
-  uint16_t sport_min = 49152, sport_max = 65535;
-  uint8_t ttl = 64;
-  uint16_t mtu = 1500;       // underlay IP MTU
-  bool strict = false;       // drop VXLAN with reserved bits set
+  // dst_port, sport_min, sport_max, ttl, mtu (underlay IP MTU), strict (drop
+  // VXLAN with reserved bits set): defaults and bounds in tunnel_params.def
+#define DPU_TUNNEL_PARAM(m, type, def, lo, hi, api, help) type m = def;
+#include "dpu/tunnel_params.def"
+#undef DPU_TUNNEL_PARAM
 };
+constexpr uint16_t kTunnelMtuMinIpv6 = 1280;  // IPv6's minimum link MTU (RFC 8200)
 
 struct PortInfo {
   uint32_t ofport = 0;

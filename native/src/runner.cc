@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "ports/mem_rx.h"
@@ -81,18 +82,53 @@ class CheckSink : public PortSink {
 
 }  // namespace
 
+Status check_input_ports(Dataplane* dp, const uint32_t* ports, size_t n, bool per_packet) {
+  std::vector<uint8_t> known;
+  for (const PortInfo& p : dp->ports()) {
+    if (known.size() <= p.ofport) known.resize(p.ofport + 1);
+    known[p.ofport] = 1;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (ports[i] >= known.size() || !known[ports[i]])
+      return Status::Error(Err::UNKNOWN_PORT, (per_packet ? "packet " + std::to_string(i) + ": " : std::string()) +
+                                                  "unknown input port " + std::to_string(ports[i]));
+  return Status::Ok();
+}
+
+std::vector<ReplayOutput> replay_outputs(Dataplane* dp, const std::string& out_dir) {
+  std::vector<ReplayOutput> out;
+  for (const PortInfo& p : dp->ports())
+    if (!p.tunnel) out.push_back({p.ofport, p.name, out_dir + "/" + p.name + ".pcap"});
+  return out;
+}
+
+std::pair<int, int> find_overwrite(const std::vector<std::string>& outputs, const std::vector<std::string>& inputs) {
+  auto file = [](const std::string& path, struct stat* st) {
+    return path.find('\0') == std::string::npos && ::stat(path.c_str(), st) == 0;
+  };
+  std::vector<std::pair<dev_t, ino_t>> in;
+  in.reserve(inputs.size());
+  for (const std::string& path : inputs) {
+    struct stat st;
+    in.emplace_back(file(path, &st) ? std::make_pair(st.st_dev, st.st_ino) : std::make_pair(dev_t(0), ino_t(0)));
+  }
+  for (size_t o = 0; o < outputs.size(); o++) {
+    struct stat st;
+    if (!file(outputs[o], &st)) continue;  // not there yet: it cannot be an input
+    for (size_t i = 0; i < in.size(); i++)
+      if (in[i].second && in[i].first == st.st_dev && in[i].second == st.st_ino)
+        return {static_cast<int>(o), static_cast<int>(i)};
+  }
+  return {-1, -1};
+}
+
 Status process_buffers(Dataplane* dp, const uint8_t* data, const uint64_t* offsets, const uint32_t* lens,
                        const uint32_t* ports, const uint64_t* ts, size_t n, MemOutput* out, size_t worker) {
   if (worker >= dp->n_workers())
     return Status::Error(Err::INVALID, "no worker " + std::to_string(worker) + " (the dataplane has " +
                                            std::to_string(dp->n_workers()) + ")");
-  std::vector<PortInfo> known = dp->ports();
-  for (size_t i = 0; i < n; i++) {
-    bool ok = false;
-    for (const PortInfo& p : known) ok |= p.ofport == ports[i];
-    if (!ok) return Status::Error(Err::UNKNOWN_PORT, "packet " + std::to_string(i) + ": unknown input port " +
-                                                         std::to_string(ports[i]));
-  }
+  Status st = check_input_ports(dp, ports, n, true);
+  if (!st.ok()) return st;
   Worker& w = dp->worker(worker);
   MemRx rx(data, offsets, lens, ports, ts, n, false, true);
   CaptureSink sink(out, rx.burst_index());
@@ -151,72 +187,85 @@ Replayer::Replayer(Dataplane* dp, std::vector<ReplayInput> inputs, std::string o
 Replayer::~Replayer() { close(); }
 
 Status Replayer::open() {
+  std::vector<uint32_t> in_ports;
+  std::vector<std::string> in_paths;
   for (const ReplayInput& ri : spec_) {
-    if (dp_->port_name(ri.port).empty())
-      return Status::Error(Err::UNKNOWN_PORT, "unknown input port " + std::to_string(ri.port));
-    Status st = rx_->add(ri.port, ri.path);
+    in_ports.push_back(ri.port);
+    in_paths.push_back(ri.path);
+  }
+  Status st = check_input_ports(dp_, in_ports.data(), in_ports.size(), false);
+  if (!st.ok()) return st;
+  for (const ReplayInput& ri : spec_) {
+    st = rx_->add(ri.port, ri.path);
     if (!st.ok()) return st;
   }
-  std::vector<struct stat> in_st;  // every input: an output that is any of them is refused
-  in_st.reserve(spec_.size());
-  for (const ReplayInput& ri : spec_) {
-    struct stat st;
-    if (::stat(ri.path.c_str(), &st) == 0) in_st.push_back(st);
-  }
-  for (const PortInfo& p : dp_->ports()) {
-    if (p.tunnel) continue;
-    if (writers_->files.size() <= p.ofport) writers_->files.resize(p.ofport + 1);
-    std::string path = out_dir_ + "/" + p.name + ".pcap";
-    struct stat out_st;
-    if (::stat(path.c_str(), &out_st) == 0) {
-      for (const struct stat& in : in_st) {
-        if (in.st_dev == out_st.st_dev && in.st_ino == out_st.st_ino) {
-          Status s = Status::Error(Err::INVALID, "this input is also the output of port " + p.name +
-                                                     ": writing it would destroy it (use another --out-dir)");
-          s.file = path;
-          return s;
-        }
-      }
-    }
-    auto w = std::make_unique<PcapWriter>();
-    Status st = w->open(path);
-    if (!st.ok()) return st;
-    writers_->files[p.ofport] = std::move(w);
-    writers_->names.emplace_back(p.name, path);
+  // Every output against every input before any output is opened (opening
+  // one truncates it).
+  const std::vector<ReplayOutput> outs = replay_outputs(dp_, out_dir_);
+  std::vector<std::string> out_paths;
+  for (const ReplayOutput& o : outs) out_paths.push_back(o.path);
+  const auto hit = find_overwrite(out_paths, in_paths);
+  if (hit.first >= 0) {
+    Status s = Status::Error(Err::INVALID, "this input is also the output of port " + outs[hit.first].port +
+                                               ": writing it would destroy it (use another --out-dir)");
+    s.file = outs[hit.first].path;
+    return s;
   }
   if (!drops_path_.empty()) {
-    Status st = open_drops();
+    st = check_drops(in_paths, outs);
+    if (!st.ok()) return st;
+  }
+  for (const ReplayOutput& o : outs) {
+    if (writers_->files.size() <= o.ofport) writers_->files.resize(o.ofport + 1);
+    auto w = std::make_unique<PcapWriter>();
+    st = w->open(o.path);
+    if (!st.ok()) return st;
+    writers_->files[o.ofport] = std::move(w);
+    writers_->names.emplace_back(o.port, o.path);
+  }
+  if (!drops_path_.empty()) {
+    drops_ = std::make_unique<PcapngDropWriter>(drops_path_, dp_->ports(), "dpu replay --drops-pcap");
+    st = drops_->open();
     if (!st.ok()) return st;
   }
   rx_->start();
   return Status::Ok();
 }
 
+// Two names of one file that does not exist yet: the same name in the same
+// directory (however the directory is spelled).
+static bool same_new_file(const std::string& a, const std::string& b) {
+  auto split = [](const std::string& p) {
+    const size_t slash = p.rfind('/');
+    std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash);
+    char* real = ::realpath(dir.c_str(), nullptr);
+    if (real) {
+      dir = real;
+      std::free(real);
+    }
+    return std::make_pair(dir, slash == std::string::npos ? p : p.substr(slash + 1));
+  };
+  return a == b || split(a) == split(b);
+}
+
 // The drops file must be none of the inputs and none of the outputs.
-Status Replayer::open_drops() {
-  struct stat d;
-  if (::stat(drops_path_.c_str(), &d) == 0) {
-    for (const ReplayInput& ri : spec_) {
-      struct stat in;
-      if (::stat(ri.path.c_str(), &in) == 0 && in.st_dev == d.st_dev && in.st_ino == d.st_ino) {
-        Status s = Status::Error(Err::INVALID, "the drops file is one of the inputs: writing it would destroy it");
-        s.file = drops_path_;
-        return s;
-      }
-    }
+Status Replayer::check_drops(const std::vector<std::string>& in_paths, const std::vector<ReplayOutput>& outs) const {
+  if (find_overwrite({drops_path_}, in_paths).first >= 0) {
+    Status s = Status::Error(Err::INVALID, "the drops file is one of the inputs: writing it would destroy it");
+    s.file = drops_path_;
+    return s;
   }
-  for (const auto& o : writers_->names) {
-    struct stat os;
-    if (o.second == drops_path_ ||
-        (::stat(o.second.c_str(), &os) == 0 && ::stat(drops_path_.c_str(), &d) == 0 && os.st_dev == d.st_dev &&
-         os.st_ino == d.st_ino)) {
-      Status s = Status::Error(Err::INVALID, "the drops file is the output of port " + o.first);
-      s.file = drops_path_;
-      return s;
-    }
+  std::vector<std::string> out_paths;
+  for (const ReplayOutput& o : outs) out_paths.push_back(o.path);
+  int same = find_overwrite({drops_path_}, out_paths).second;
+  for (size_t i = 0; i < outs.size() && same < 0; i++)
+    if (same_new_file(outs[i].path, drops_path_)) same = static_cast<int>(i);  // neither there yet
+  if (same >= 0) {
+    Status s = Status::Error(Err::INVALID, "the drops file is the output of port " + outs[same].port);
+    s.file = drops_path_;
+    return s;
   }
-  drops_ = std::make_unique<PcapngDropWriter>(drops_path_, dp_->ports(), "dpu replay --drops-pcap");
-  return drops_->open();
+  return Status::Ok();
 }
 
 bool Replayer::run(uint64_t max_packets, Status* st) {

@@ -22,6 +22,28 @@
 
 namespace dpu {
 
+// ---- what the ways in decide, once (Python asks these) ----------------------------
+// Every input port number names a port of the dataplane, else UNKNOWN_PORT
+// "unknown input port N" ("packet i: unknown input port N" with
+// `per_packet`): process_buffers, the benchmark, trace and the replayer
+// check their inputs here; Python hands numbers over and leaves it to them.
+Status check_input_ports(Dataplane* dp, const uint32_t* ports, size_t n, bool per_packet);
+
+// The files a replay writes: one per port that is not a tunnel,
+// <out_dir>/<port name>.pcap.
+struct ReplayOutput {
+  uint32_t ofport;
+  std::string port, path;
+};
+std::vector<ReplayOutput> replay_outputs(Dataplane* dp, const std::string& out_dir);
+
+// The first output that is the same file as an input (device and inode: a
+// link or another spelling of an input is that input), as {output index,
+// input index}, or {-1, -1}. A path that names no file (yet) is no input.
+// The replayer refuses such outputs; so do the CLI and `dpu run` (for the
+// drops file), which format their own messages.
+std::pair<int, int> find_overwrite(const std::vector<std::string>& outputs, const std::vector<std::string>& inputs);
+
 // ---- in-memory -------------------------------------------------------------------
 struct MemPacket {
   uint32_t port;
@@ -94,7 +116,7 @@ class Replayer {
 
  private:
   class Writers;
-  Status open_drops();
+  Status check_drops(const std::vector<std::string>& in_paths, const std::vector<ReplayOutput>& outs) const;
 
   Dataplane* dp_;
   std::vector<ReplayInput> spec_;

@@ -6,8 +6,9 @@
 // pcap, the line of a flows file). The fast path never produces a Status: it
 // counts drops instead (drop_reasons.def).
 //
-// Codes map one-to-one onto Python exceptions in dpu/errors.py; the mapping is
-// done in one place, native/bindings/module.cc.
+// Codes are listed once, in errors.def, with the Python exception each maps to
+// (dpu/errors.py builds its mapping from that list, exported by the binding;
+// native/bindings/module.cc raises through it).
 #pragma once
 
 #include <cstdint>
@@ -16,19 +17,26 @@
 
 namespace dpu {
 
+// The codes: errors.def, one line each (name, Python class, meaning).
 enum class Err : uint8_t {
   OK = 0,
-  PARSE,         // malformed flow / group / match text
-  UNKNOWN_PORT,  // a port name or number that is not configured
-  UNKNOWN_TABLE, // table id out of range
-  UNKNOWN_GROUP, // group id not configured
-  UNKNOWN_FIELD, // field name not known
-  BAD_VALUE,     // value or mask not valid for the field
-  CONFLICT,      // object exists / is in use
-  PCAP,          // corrupt or unsupported capture file
-  IO,            // open/read/write failure
-  INVALID,       // any other invalid argument
+#define DPU_ERR(name, cls, help) name,
+#include "dpu/errors.def"
+#undef DPU_ERR
 };
+
+// "PARSE", "UNKNOWN_PORT", ...: the name dpu.errors.from_native maps to a class.
+inline const char* err_name(Err code) {
+  switch (code) {
+    case Err::OK: return "OK";
+#define DPU_ERR(name, cls, help) \
+    case Err::name:               \
+      return #name;
+#include "dpu/errors.def"
+#undef DPU_ERR
+  }
+  return "UNKNOWN";
+}
 
 struct Status {
   Err code = Err::OK;

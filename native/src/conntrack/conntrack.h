@@ -82,8 +82,18 @@ struct CtSpec {
   uint32_t recirc_id = 0;       // ct(table=T): resume there; 0: continue the action list
 };
 
+// Timeouts (ct_timeouts.def: names and defaults) and the connection limit,
+// with the bounds a transaction is held to (Dataplane::apply): a timeout is
+// a whole number of nanoseconds above 0 and at most 30 days.
+constexpr int64_t kCtTimeoutMinNs = 1;
+constexpr int64_t kCtTimeoutMaxNs = 30ll * 24 * 3600 * 1000000000ll;
+constexpr uint32_t kCtMaxConnsMin = 1, kCtMaxConnsMax = 1u << 30;
 struct CtConfig {
-  int64_t timeout_ns[TM_COUNT] = {240 * 1000000000ll, 7440 * 1000000000ll, 300 * 1000000000ll, 60 * 1000000000ll};
+  int64_t timeout_ns[TM_COUNT] = {
+#define DPU_CT_TIMEOUT(e, name, seconds, help) seconds * 1000000000ll,
+#include "dpu/ct_timeouts.def"
+#undef DPU_CT_TIMEOUT
+  };
   uint32_t max_conns = 2u << 20;
 };
 

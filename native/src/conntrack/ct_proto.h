@@ -25,7 +25,12 @@
 
 namespace dpu {
 
-enum CtTimeoutClass : uint8_t { TM_TCP_TRANSITORY, TM_TCP_ESTABLISHED, TM_UDP, TM_ICMP, TM_COUNT };
+enum CtTimeoutClass : uint8_t {
+#define DPU_CT_TIMEOUT(e, name, seconds, help) e,
+#include "dpu/ct_timeouts.def"
+#undef DPU_CT_TIMEOUT
+  TM_COUNT
+};
 
 // TCP states of one side, in the order the window tracker advances them (the
 // names dumps print, as OVS and Linux do).

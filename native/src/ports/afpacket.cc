@@ -203,12 +203,12 @@ uint32_t AfPacketQueue::rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, 
     }
     bool taken = true;
     if (h->tp_snaplen < h->tp_len) {
-      counters.rx_truncated++;
+      counters.rx_too_long++;
       rejects.push_back({ofport_, h->tp_len});
     } else if (__builtin_expect(off.gso_type || (!vnet_ && need > mtu_ + (tagged ? 18u : 14u)), 0)) {
       taken = rx_super(h, frame, need, off, ts, pool, pkts, cap, &got);  // a super-frame (or just too long)
     } else if (need > Packet::max_capacity()) {
-      counters.rx_truncated++;
+      counters.rx_too_long++;
       rejects.push_back({ofport_, h->tp_len});
     } else if (Packet* p = pool.get_for(need)) {
       if (tagged) put_tag_back(p->data(), frame, len, h);
@@ -248,7 +248,7 @@ __attribute__((noinline, cold)) bool AfPacketQueue::rx_super(const tpacket3_hdr*
     const uint32_t why = cutter_.start(f, need, off, mtu_);
     if (why == GsoCutter::kNone) {  // nothing to cut: as it came (the port may refuse it)
       if (need > Packet::max_capacity()) {
-        counters.rx_truncated++;
+        counters.rx_too_long++;
         rejects.push_back({ofport_, h->tp_len});
         return true;
       }

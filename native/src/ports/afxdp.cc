@@ -394,7 +394,7 @@ uint32_t AfXdpQueue::rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, uin
     if (last == n) break;  // its last descriptor is past this peek: next burst
     len += xsk_ring_cons__rx_desc(&rx_, idx + last)->len;
     if (len > Packet::max_capacity()) {
-      counters.rx_truncated++;
+      counters.rx_too_long++;
       rejects.push_back({ofport_, len});
     } else {
       Packet* p = pool.get_for(len);

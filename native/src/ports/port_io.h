@@ -31,10 +31,10 @@ namespace dpu {
 
 // Counters of one queue, written by its owner, read with relaxed loads.
 struct QueueCounters {
-  uint64_t rx_ring_drops = 0;   // frames the kernel dropped before the ring (full, or a frame it cannot describe)
-  uint64_t rx_truncated = 0;    // frames longer than a buffer, dropped
-  uint64_t tx_refused = 0;      // frames the interface did not take (down, queue full)
-  uint64_t link_errors = 0;     // errors the socket reported (the interface went down or away)
+  // rx_ring_drops, rx_too_long, tx_refused, link_errors: counters.def
+#define DPU_QUEUE_COUNTER(m, help) uint64_t m = 0;
+#include "dpu/counters.def"
+#undef DPU_QUEUE_COUNTER
   uint64_t offload_kinds = 0;   // OffloadKind bits (gso.h) of super-frames refused, OR'd: the live loop logs each once
 };
 
