@@ -89,6 +89,11 @@ class LiveError(DpuError):
     """``dpu run`` cannot start: an interface, a permission, the control socket or the metrics address."""
 
 
+class FabricError(LiveError):
+    """The fabric mirror's kernel side cannot do what was asked: a namespace, device or entry of
+    the kernel shadow, an FRR daemon, or the VXLAN guard (dpu.fabric); the message names it."""
+
+
 class ControlError(DpuError):
     """No running dpu answers on the control socket, or it broke the conversation."""
 

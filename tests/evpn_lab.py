@@ -28,6 +28,9 @@ One `Lab` builds, in namespaces named `evl-<pid>-<n>-*` (nothing in the root nam
   endpoint is a static FDB entry on a representor (a TAP nobody opened: no carrier) and a
   permanent neighbour on the SVI, as dpu will write them, once FRR runs (zebra does not
   read permanent neighbours that exist before it starts). FRR advertises them all the same.
+- A *bare* host (kind="bare") is only a namespace on the underlay with its address, a client
+  of the reflector: a test builds the rest (tests/test_fabric_shadow.py puts dpu's kernel
+  shadow and managed FRR there).
 - iBGP AS 65000, `address-family l2vpn evpn`, every host a client of the route reflector;
   `advertise-all-vni`; symmetric IRB through each tenant's L3 VNI; each tenant VRF also
   redistributes its connected routes as type-5 (its loopback 10.255.<host>.1/32 shows one).
@@ -39,8 +42,11 @@ the state directory and the daemons' /var/tmp/frr/<daemon>.<pid> directories.
 
 `read_installed(ns, l3vnis)` lists what zebra installed in a tenant namespace, `NeighWatch`
 collects its neighbour and FDB events, `propagation()` times a change on one host to its
-event on another; all over netlink sockets made here (pyroute2 only parses: its own netns
-support forks). `python3 tests/evpn_lab.py up|measure|reap` runs it by hand.
+event on another; all over netlink sockets made in the namespace (dpu.fabric.netlink;
+pyroute2 only parses: its own netns support forks). FRR runs as dpu runs it
+(dpu.fabric.frr.ManagedFrr); the configurations are the lab's own, written as FRR's
+documentation shows, so that dpu's renderer is checked against them, not with them.
+`python3 tests/evpn_lab.py up|measure|reap` runs it by hand.
 """
 from __future__ import annotations
 
@@ -48,26 +54,23 @@ import contextlib
 import glob
 import ipaddress
 import itertools
-import json
 import os
 import re
 import select
 import shutil
 import signal
 import socket
-import struct
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 
-from netns import ip, nsexec, pid_alive, sh, socket_in, sysctl
+from dpu.errors import FabricError
+from dpu.fabric.frr import FRR_TMP, ManagedFrr, missing_tools
+from dpu.fabric.netlink import NTF_EXT_LEARNED, NTF_SELF, RTMGRP_NEIGH, RTPROT_BGP, ZERO_MAC, Rtnl
+from netns import ip, nsexec, pid_alive, sh, sysctl
 
-FRR_DIR = "/usr/lib/frr"
-FRR_USER = "frr"                 # Debian's FRR runs its daemons as frr:frr
-FRR_TMP = "/var/tmp/frr"        # each daemon leaves <daemon>.<pid>/ here
 PREFIX = "evl"                   # namespaces evl-<pid>-<n>-*, state dirs <tmp>/evl-<pid>-<n>
 ASN = 65000
 UNDERLAY = ipaddress.ip_network("172.31.0.0/24")
@@ -125,9 +128,9 @@ class Endpoint:
 class Host:
     name: str                    # h1, h2, ...: also its FRR hostname
     index: int
-    kind: str                    # "vtep" (real endpoints) or "shadow" (static entries)
+    kind: str                    # "vtep" (real endpoints), "shadow" (static entries), "bare" (nothing)
     ns: str                      # the host's own namespace: underlay address, VXLAN sockets
-    frr: "Frr"
+    frr: "Frr | None"            # None for a bare host
     tenant_ns: dict[str, str] = field(default_factory=dict)     # tenant -> namespace
     endpoints: list[Endpoint] = field(default_factory=list)
 
@@ -138,6 +141,21 @@ class Host:
     @property
     def router_mac(self) -> str:
         return f"02:b0:00:00:00:{self.index:02x}"
+
+
+def shadow_tenants(host_index: int) -> tuple:
+    """The lab's tenants as dpu's kernel shadow on host h<host_index> (dpu.fabric.shadow): red
+    (VNIs 100, 101, L3 4001) and blue (200, 201, L3 4002), both 10.0.0.0/24 and 10.0.1.0/24, a
+    port p<vni> per subnet with the host's address there and MAC 02:d0:<host>:<tenant>:<subnet>:01."""
+    from dpu.fabric.shadow import ShadowPort, ShadowSubnet, ShadowTenant
+
+    out = []
+    for ti, t in enumerate(TENANTS, start=1):
+        subnets = tuple(ShadowSubnet(s.vni, GATEWAY_MAC, (f"{s.gateway}/{s.network.prefixlen}",)) for s in t.subnets)
+        ports = tuple(ShadowPort(f"p{s.vni}", s.vni, f"02:d0:{host_index:02x}:{ti:02x}:{si:02x}:01",
+                                 s.address(host_index)) for si, s in enumerate(t.subnets, start=1))
+        out.append(ShadowTenant(t.name, t.l3vni, f"02:b0:00:00:00:{host_index:02x}", subnets, ports))
+    return tuple(out)
 
 
 def endpoint_mac(host: int, tenant: int, subnet: int) -> str:
@@ -163,102 +181,33 @@ def wait_until(what: str, probe, timeout: float = 60.0, interval: float = 0.1):
     raise LabError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def missing() -> str | None:
+    """Why the lab cannot run here (FRR, its user, vtysh, tcpdump), as one line; None if it can."""
+    if missing_tools():
+        return missing_tools()
+    return None if shutil.which("tcpdump") else "tcpdump is not installed (apt-get install tcpdump)"
+
+
 # ---- FRR ------------------------------------------------------------------------------------
 
-class Frr:
-    """zebra and bgpd for one namespace, with their own state directory and sockets.
+class Frr(ManagedFrr):
+    """zebra and bgpd for one namespace, with their own state directory and sockets: dpu's
+    ManagedFrr (dpu/fabric/frr.py), started with the configurations the lab writes.
 
     vrfs: VRF name -> namespace, for zebra's netns VRF backend; zebra runs in a private
     mount namespace whose /run/netns holds exactly these, under the VRF names."""
 
     def __init__(self, name: str, ns: str, statedir: str, vrfs: dict[str, str] | None = None):
-        self.name, self.ns, self.dir, self.vrfs = name, ns, statedir, dict(vrfs or {})
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.pids: dict[str, int] = {}          # every daemon started, kept after stop()
-
-    def _daemon_args(self, daemon: str) -> list[str]:
-        d = self.dir
-        return [f"{FRR_DIR}/{daemon}", "-P", "0", "-f", f"{d}/{daemon}.conf",
-                "-i", f"{d}/{daemon}.pid", "-z", f"{d}/zserv.api", "--vty_socket", d,
-                "--log", f"file:{d}/{daemon}.log"]
-
-    def _spawn(self, daemon: str, cmd: list[str]) -> None:
-        with open(f"{self.dir}/{daemon}.out", "wb") as out:
-            self.procs[daemon] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-        self.pids[daemon] = self.procs[daemon].pid
-        wait_until(f"{self.name}'s {daemon} to listen on {self.dir}/{daemon}.vty",
-                   lambda: self._ready(daemon), timeout=30)
-
-    def _ready(self, daemon: str) -> bool:
-        if self.procs[daemon].poll() is not None:
-            raise LabError(f"{self.name}'s {daemon} exited ({self.procs[daemon].returncode}): "
-                           + self.tail(daemon))
-        return os.path.exists(f"{self.dir}/{daemon}.vty")
-
-    def tail(self, daemon: str, lines: int = 15) -> str:
-        text = ""
-        for suffix in ("out", "log"):
-            with contextlib.suppress(OSError), open(f"{self.dir}/{daemon}.{suffix}") as f:
-                text += "".join(f.readlines()[-lines:])
-        return text.strip()
+        super().__init__(statedir, ns, vrfs or {}, {"zebra.conf": "", "bgpd.conf": ""}, name=name)
+        self.ns = ns
 
     def start(self, zebra_conf: str, bgpd_conf: str) -> None:
-        os.makedirs(self.dir, exist_ok=True)
-        for daemon, conf in (("zebra", zebra_conf), ("bgpd", bgpd_conf)):
-            with open(f"{self.dir}/{daemon}.conf", "w") as f:
-                f.write(conf)
-        shutil.chown(self.dir, FRR_USER, FRR_USER)   # the daemons drop to user frr
-        for f in os.listdir(self.dir):
-            shutil.chown(f"{self.dir}/{f}", FRR_USER, FRR_USER)
-        # The mount namespace: each VRF's namespace bound onto a file named after the VRF
-        # in <dir>/vrfs, then that directory over /run/netns. `unshare` and `sh` exec, so
-        # the Popen's pid is zebra's.
-        script = ["set -e"]
-        if self.vrfs:
-            os.makedirs(f"{self.dir}/vrfs", exist_ok=True)
-            for vrf, ns in self.vrfs.items():
-                open(f"{self.dir}/vrfs/{vrf}", "w").close()
-                script.append(f"mount --bind /run/netns/{ns} {self.dir}/vrfs/{vrf}")
-            script.append(f"mount --rbind {self.dir}/vrfs /run/netns")
-        zebra = self._daemon_args("zebra") + (["-n"] if self.vrfs else [])
-        script.append("exec " + " ".join(zebra))
-        self._spawn("zebra", ["ip", "netns", "exec", self.ns, "unshare", "--mount", "--propagation",
-                              "private", "sh", "-c", "\n".join(script)])
-        zpid = self.procs["zebra"].pid
-        self._spawn("bgpd", ["nsenter", f"--target={zpid}", "--mount", "--net"] + self._daemon_args("bgpd"))
-
-    def vtysh(self, *commands: str) -> str:
-        cmd = ["vtysh", "--vty_socket", self.dir]
-        for c in commands:
-            cmd += ["-c", c]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        if r.returncode != 0:
-            raise LabError(f"{self.name}: vtysh {' / '.join(commands)} failed ({r.returncode}): "
-                           f"{(r.stderr or r.stdout).strip()}")
-        return r.stdout
+        self.confs = {"zebra.conf": zebra_conf, "bgpd.conf": bgpd_conf}
+        super().start()
 
     def show(self, command: str) -> dict:
         """`vtysh -c "<command> json"`, parsed."""
-        out = self.vtysh(f"{command} json")
-        try:
-            return json.loads(out) if out.strip() else {}
-        except json.JSONDecodeError as e:
-            raise LabError(f"{self.name}: '{command} json' did not print JSON ({e}): {out[:200]}") from None
-
-    def stop(self) -> None:
-        """bgpd, then zebra: SIGTERM, SIGKILL after 10 s; then their /var/tmp/frr dirs."""
-        for daemon in ("bgpd", "zebra"):
-            p = self.procs.pop(daemon, None)
-            if p is None:
-                continue
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-            shutil.rmtree(f"{FRR_TMP}/{daemon}.{p.pid}", ignore_errors=True)
+        return self.vtysh(f"{command} json")
 
 
 # ---- configurations -------------------------------------------------------------------------
@@ -315,12 +264,12 @@ def vtep_bgpd_conf(host: Host, tenants: tuple[Tenant, ...]) -> str:
 # ---- the lab --------------------------------------------------------------------------------
 
 class Lab:
-    """A route reflector and hosts h1..hN (kinds: "vtep" or "shadow") on one underlay."""
+    """A route reflector and hosts h1..hN (kinds: "vtep", "shadow" or "bare") on one underlay."""
 
     def __init__(self, kinds: tuple[str, ...] = ("vtep", "vtep"), tenants: tuple[Tenant, ...] = TENANTS):
         for k in kinds:
-            if k not in ("vtep", "shadow"):
-                raise ValueError(f"host kind {k!r}: expected 'vtep' or 'shadow'")
+            if k not in ("vtep", "shadow", "bare"):
+                raise ValueError(f"host kind {k!r}: expected 'vtep', 'shadow' or 'bare'")
         self.tag = f"{PREFIX}-{os.getpid()}-{next(_counter)}"
         self.kinds, self.tenants = tuple(kinds), tuple(tenants)
         self.dir = os.path.join(tempfile.gettempdir(), self.tag)
@@ -366,6 +315,8 @@ class Lab:
             self._undo.callback(self.rr.stop)
             self.rr.start("hostname rr\n", rr_bgpd_conf([h.vtep_ip for h in self.hosts]))
             for h in self.hosts:
+                if h.frr is None:
+                    continue
                 self._undo.callback(h.frr.stop)
                 h.frr.start(vtep_zebra_conf(h, self.tenants), vtep_bgpd_conf(h, self.tenants))
             t2 = time.monotonic()
@@ -426,6 +377,10 @@ class Lab:
     def _build_host(self, index: int, kind: str) -> Host:
         name = f"h{index}"
         ns = f"{self.tag}-{name}"
+        if kind == "bare":
+            host = Host(name, index, kind, ns, None)
+            self._attach(ns, name, host.vtep_ip)
+            return host
         tenant_ns = {t.name: f"{ns}-{t.name}" for t in self.tenants}
         host = Host(name, index, kind, ns, Frr(name, ns, f"{self.dir}/{name}", vrfs=tenant_ns), tenant_ns)
         self._attach(ns, name, host.vtep_ip)
@@ -527,7 +482,8 @@ class Lab:
         return {addr: p.get("state", "?") for addr, p in peers.items()}
 
     def wait_established(self, timeout: float = 60.0) -> None:
-        want = {h.vtep_ip for h in self.hosts}
+        """Every client but the bare hosts (whose speaker the test starts)."""
+        want = {h.vtep_ip for h in self.hosts if h.frr is not None}
         wait_until("every client's session with the route reflector to be Established",
                    lambda: {a for a, s in self.sessions().items() if s == "Established"} >= want, timeout)
 
@@ -548,8 +504,11 @@ class Lab:
         return out
 
     def expected_routes(self, host: Host) -> set[str]:
-        """The type-2 (MAC, MAC+IP) and type-3 routes host originates, as evpn_routes says them."""
+        """The type-2 (MAC, MAC+IP) and type-3 routes host originates, as evpn_routes says them
+        (none for a bare host: what it originates is the test's)."""
         out = set()
+        if host.kind == "bare":
+            return out
         for ep in host.endpoints:
             out.add(f"[2]:[0]:[48]:[{ep.mac}] vni {ep.vni} via {host.vtep_ip}")
             out.add(f"[2]:[0]:[48]:[{ep.mac}]:[32]:[{ep.ip}] vni {ep.vni} via {host.vtep_ip}")
@@ -614,10 +573,7 @@ def reap_stale() -> list[str]:
 
 # ---- what FRR installed, read over netlink --------------------------------------------------
 
-NTF_SELF, NTF_EXT_LEARNED = 0x02, 0x10
 NUD_FAILED, NUD_NOARP, NUD_PERMANENT = 0x20, 0x40, 0x80
-RTPROT_BGP = 186
-ZERO_MAC = "00:00:00:00:00:00"
 
 
 @dataclass(frozen=True)
@@ -648,43 +604,11 @@ def _vxlan_vnis(links) -> dict[int, int]:
     return out
 
 
-def _netlink(ns: str, groups: int = 0) -> socket.socket:
-    """A NETLINK_ROUTE socket made in namespace ns (by this thread, no fork: pyroute2's own
-    netns support forks a child, which would inherit a running lab)."""
-    sock = socket_in(ns, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
-    sock.bind((0, groups))
-    return sock
-
-
-# RTM_GET* dump requests: message type and the family header (ifinfomsg, ndmsg, rtmsg).
-_DUMPS = {"links": (18, struct.pack("=BxHiII", socket.AF_UNSPEC, 0, 0, 0, 0)),
-          "fdb": (30, struct.pack("=BxxxiHBB", socket.AF_BRIDGE, 0, 0, 0, 0)),
-          "neighbours": (30, struct.pack("=BxxxiHBB", socket.AF_INET, 0, 0, 0, 0)),
-          "routes": (26, struct.pack("=BBBBBBBBI", socket.AF_INET, 0, 0, 0, 0, 0, 0, 0, 0))}
-NLM_F_REQUEST, NLM_F_DUMP, NLMSG_ERROR, NLMSG_DONE = 0x1, 0x300, 2, 3
-
-
-def _dump(sock: socket.socket, what: str) -> list:
-    """Every message of one rtnetlink dump, parsed by pyroute2."""
-    from pyroute2.netlink.rtnl.marshal import MarshalRtnl
-    kind, header = _DUMPS[what]
-    sock.send(struct.pack("=IHHII", 16 + len(header), kind, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + header)
-    out, marshal = [], MarshalRtnl()
-    while True:
-        for m in marshal.parse(sock.recv(1 << 20)):
-            if m["header"]["type"] == NLMSG_DONE:
-                return out
-            if m["header"]["type"] == NLMSG_ERROR:
-                raise LabError(f"netlink dump of {what} failed: {m['header'].get('error')}")
-            out.append(m)
-
-
 def read_installed(ns: str, l3vnis) -> Installed:
     """Dumps links, FDB, neighbours and routes of namespace ns over netlink and keeps what
     zebra installed. l3vnis: the VNIs that are L3 VNIs (zebra's `vrf X / vni N`)."""
-    with contextlib.closing(_netlink(ns)) as sock:
-        links, fdb, neigh, routes = (_dump(sock, what) for what in ("links", "fdb", "neighbours", "routes"))
+    with Rtnl(ns) as sock:
+        links, fdb, neigh, routes = (sock.dump(what) for what in ("links", "fdb", "neighbours", "routes"))
     names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in links}
     vnis = _vxlan_vnis(links)
     macs, flood, rmacs = set(), set(), set()
@@ -729,12 +653,8 @@ class NeighWatch:
     only parses the messages."""
 
     def __init__(self, ns: str):
-        from pyroute2.netlink.rtnl import RTMGRP_NEIGH
-        from pyroute2.netlink.rtnl.marshal import MarshalRtnl
-
-        self.sock = _netlink(ns, RTMGRP_NEIGH)
+        self.sock = Rtnl(ns, RTMGRP_NEIGH)
         self.events: list[NeighEvent] = []
-        self._marshal = MarshalRtnl()
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"neighwatch-{ns}", daemon=True)
@@ -744,10 +664,10 @@ class NeighWatch:
         while not self._stop.is_set():
             if not select.select([self.sock], [], [], 0.2)[0]:
                 continue
-            data = self.sock.recv(1 << 16)
+            msgs = self.sock.events()
             now = time.monotonic()
             with self._cond:
-                for m in self._marshal.parse(data):
+                for m in msgs:
                     if m.get("event") in ("RTM_NEWNEIGH", "RTM_DELNEIGH"):
                         self.events.append(NeighEvent(now, m["event"], m["family"] == socket.AF_BRIDGE, m["ifindex"],
                                                       m.get_attr("NDA_LLADDR"), m.get_attr("NDA_DST"),
@@ -874,7 +794,7 @@ def main(argv: list[str]) -> int:
                 print(f"{h.name} tenants: {' '.join(h.tenant_ns.values())}")
             print("Ctrl-C ends the lab")
             signal.pause()
-    except (LabError, ValueError) as e:
+    except (LabError, FabricError, ValueError) as e:
         print(f"evpn_lab: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -7,7 +7,6 @@ tests/EVPN_LAB.md has the wiring, the configurations and the numbers.
 """
 import json
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -18,26 +17,12 @@ import pytest
 
 import evpn_lab
 from evpn_lab import GATEWAY_MAC, TENANTS, Lab, LabError, NeighWatch, leftovers
+from evpn_lab import missing as _frr_missing
 from helpers import child_env
 from helpers.wait import settle
 from netns import Capture, ip, nsexec, sh, socket_in
 
 pytestmark = pytest.mark.netns
-
-
-def _frr_missing() -> str | None:
-    for daemon in ("zebra", "bgpd"):
-        if not os.access(f"{evpn_lab.FRR_DIR}/{daemon}", os.X_OK):
-            return f"FRRouting is not installed ({evpn_lab.FRR_DIR}/{daemon}; apt-get install frr)"
-    if not shutil.which("vtysh"):
-        return "vtysh is not installed (apt-get install frr)"
-    try:
-        pwd.getpwnam(evpn_lab.FRR_USER)
-    except KeyError:
-        return f"no user {evpn_lab.FRR_USER!r} for the FRR daemons (Debian's frr package makes it)"
-    if not shutil.which("tcpdump"):
-        return "tcpdump is not installed"
-    return None
 
 
 @pytest.fixture(scope="module")

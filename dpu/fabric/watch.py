@@ -1,0 +1,265 @@
+"""Watching what FRR installs in the kernel shadow: netlink events to coalesced callbacks.
+
+`Shadow.watch(on_change)` starts one `Watcher`: a thread holding a netlink socket per tenant
+namespace (kernel-VRF mode: one for the shared namespace), bound to the link, neighbour and
+IPv4 route groups. Each event that can change what `Shadow.read()` returns marks its tenant:
+
+- FDB entries (AF_BRIDGE) that are zebra's: `extern_learn` on a bridge, or with a `dst`
+  (a remote VTEP) on a VXLAN device; not the shadow's own static entries on representors;
+- IPv4 neighbours other than the shadow's own permanent ones (zebra's remote hosts and router
+  MACs, and the FAILED rewrite with no MAC by which zebra begins a deletion);
+- routes with `proto bgp`; bridges and VXLAN devices coming, going, going down or up.
+
+Marks are coalesced by a `Debouncer` (time injectable, so tests can drive it): the callback
+gets the set of marked tenants once `quiet` seconds passed without another event, or
+`max_delay` after the first one if events keep coming, and never twice within `quiet`. So a
+change is reported at most max_delay after its first event (80 ms with the defaults, inside
+the fabric's 100 ms), and a burst of 1,000 changes costs a handful of callbacks. If the
+kernel drops events (a socket's buffer overran: ENOBUFS) every tenant of that namespace is
+marked: read() dumps everything, so nothing is lost but time.
+
+A VXLAN device of the shadow that goes down and comes back up makes zebra re-read its MACs
+but not its neighbours (tests/EVPN_LAB.md): the watcher re-signals that VNI's neighbours
+(Shadow._resignal: delete + add) under the Shadow's lock. A device that is new (first seen
+down, as every device is while it is made) is not a flap.
+
+The callback runs in the watcher's thread; while it runs, events wait in the sockets (4 MiB
+each). An exception from it is logged (logger "dpu.fabric") and the watch goes on.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import select
+import socket
+import threading
+import time
+from typing import Callable, Dict, Optional, Set, Tuple
+
+from ..errors import InvalidArgumentError
+from . import netlink as nl
+
+log = logging.getLogger("dpu.fabric")
+GROUPS = nl.RTMGRP_LINK | nl.RTMGRP_NEIGH | nl.RTMGRP_IPV4_ROUTE
+RCVBUF = 4 << 20
+
+
+class Debouncer:
+    """Coalesces marks: `due_in()` says when the pending ones are to be `take()`n."""
+
+    def __init__(self, quiet: float, max_delay: Optional[float] = None, clock: Callable[[], float] = time.monotonic):
+        max_delay = 4 * quiet if max_delay is None else max_delay
+        for name, v in (("debounce_s", quiet), ("max_delay_s", max_delay)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise InvalidArgumentError(f"{name} {v!r} is not a positive number of seconds")
+        if max_delay < quiet:
+            raise InvalidArgumentError(f"max_delay_s {max_delay} is shorter than debounce_s {quiet}")
+        self.quiet, self.max_delay, self.clock = float(quiet), float(max_delay), clock
+        self.pending: Set[str] = set()
+        self._first = self._last = 0.0
+        self._fired = -math.inf
+
+    def add(self, keys) -> None:
+        keys = set(keys)
+        if not keys:
+            return
+        now = self.clock()
+        if not self.pending:
+            self._first = now
+        self._last = now
+        self.pending |= keys
+
+    def due_in(self) -> Optional[float]:
+        """Seconds until the pending marks are due (0.0: now); None when there are none."""
+        if not self.pending:
+            return None
+        at = max(min(self._last + self.quiet, self._first + self.max_delay), self._fired + self.quiet)
+        return max(0.0, at - self.clock())
+
+    def take(self) -> Set[str]:
+        keys, self.pending = self.pending, set()
+        self._fired = self.clock()
+        return keys
+
+
+def learned_event(m) -> bool:
+    """Whether a neighbour or FDB event can change what FRR installed (module docstring)."""
+    flags, state = m["flags"], m["state"]
+    if m["family"] == socket.AF_BRIDGE:
+        return bool(flags & nl.NTF_EXT_LEARNED) or m.get_attr("NDA_DST") is not None
+    return not (state & nl.NUD_PERMANENT and not flags & nl.NTF_EXT_LEARNED)
+
+
+class Watcher:
+    """The thread behind Shadow.watch(); made and ended by the Shadow."""
+
+    def __init__(self, shadow, on_change: Callable[[Set[str]], None], debounce_s: float,
+                 max_delay_s: Optional[float] = None, clock: Callable[[], float] = time.monotonic):
+        if not callable(on_change):
+            raise InvalidArgumentError(f"on_change {on_change!r} is not callable")
+        self.shadow, self.on_change = shadow, on_change
+        self.debouncer = Debouncer(debounce_s, max_delay_s, clock)
+        self.callbacks = 0                      # calls made, for tests and metrics
+        self._socks: Dict[Optional[str], Tuple[nl.Rtnl, Set[str]]] = {}
+        self._links: Dict[Tuple[Optional[str], int], str] = {}    # VXLAN devices: "up", "down", "new"
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._refresh = False
+        self._stopping = False
+        self.thread = threading.Thread(target=self._run, name=f"shadow-watch-{shadow.tag}", daemon=True)
+
+    def start(self) -> None:
+        self._sync()          # the sockets exist when watch() returns: no event after it is missed
+        self.thread.start()
+
+    def refresh(self) -> None:
+        """The Shadow's tenants changed: open and close sockets to match (in the thread)."""
+        self._refresh = True
+        self._wake()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake()
+        if threading.current_thread() is not self.thread and self.thread.is_alive():
+            self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self._close()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _close(self) -> None:
+        for sock, _ in self._socks.values():
+            sock.close()
+        self._socks.clear()
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._r = self._w = -1
+
+    # -- sockets
+
+    def _sync(self) -> None:
+        """A socket per namespace of the Shadow's tenants (opened before the namespace's VXLAN
+        devices are listed, so no change between the two is missed)."""
+        with self.shadow._lock:
+            want: Dict[Optional[str], Set[str]] = {}
+            for name, (place, _) in self.shadow._tenant_places().items():
+                want.setdefault(place.ns, set()).add(name)
+            for ns in list(self._socks):
+                if ns not in want:
+                    self._socks.pop(ns)[0].close()
+                    self._links = {k: v for k, v in self._links.items() if k[0] != ns}
+            for ns, names in want.items():
+                if ns in self._socks:
+                    self._socks[ns] = (self._socks[ns][0], names)
+                    continue
+                try:
+                    sock = nl.Rtnl(ns, GROUPS, rcvbuf=RCVBUF)
+                except OSError as e:
+                    log.warning("shadow %s: cannot watch %s: %s", self.shadow.tag, ns, e.strerror or e)
+                    continue
+                self._socks[ns] = (sock, names)
+                try:
+                    with nl.Rtnl(ns) as dump:
+                        for link in dump.dump("links"):
+                            if nl.link_kind(link) == "vxlan":
+                                self._links[(ns, link["index"])] = "up" if link["flags"] & nl.IFF_UP else "down"
+                except OSError as e:
+                    log.warning("shadow %s: cannot list the links of %s: %s", self.shadow.tag, ns, e.strerror or e)
+
+    # -- the loop
+
+    def _run(self) -> None:
+        while not self._stopping:
+            if self._refresh:
+                self._refresh = False
+                self._sync()
+            socks = {sock.fileno(): ns for ns, (sock, _) in self._socks.items()}
+            try:
+                ready, _, _ = select.select(list(socks) + [self._r], [], [], self.debouncer.due_in())
+            except OSError as e:                  # a socket closed under us by stop(): go round
+                if e.errno != errno.EBADF:
+                    raise
+                continue
+            flaps: Set[Tuple[str, Optional[int]]] = set()
+            for fd in ready:
+                if fd == self._r:
+                    try:
+                        while os.read(self._r, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                else:
+                    self._read(socks[fd], flaps)
+            for tenant, vni in sorted(flaps, key=str):
+                self._resignal(tenant, vni)
+            if self.debouncer.due_in() == 0.0:
+                tenants = self.debouncer.take()
+                self.callbacks += 1
+                try:
+                    self.on_change(tenants)
+                except Exception:     # noqa: BLE001 - a consumer's bug must not end the watch
+                    log.exception("shadow %s: the on_change callback failed", self.shadow.tag)
+        self._close()
+
+    def _read(self, ns: Optional[str], flaps: Set[Tuple[str, Optional[int]]]) -> None:
+        sock, names = self._socks[ns]
+        try:
+            msgs = sock.events()
+        except BlockingIOError:
+            return
+        except OSError as e:
+            if e.errno != errno.ENOBUFS:
+                log.warning("shadow %s: reading events of %s: %s", self.shadow.tag, ns, e.strerror or e)
+            self.debouncer.add(names)            # some were lost: read() sees everything anyway
+            return
+        for m in msgs:
+            event = m.get("event")
+            if event in ("RTM_NEWNEIGH", "RTM_DELNEIGH"):
+                if learned_event(m):
+                    self.debouncer.add(names)
+            elif event in ("RTM_NEWROUTE", "RTM_DELROUTE"):
+                if m["proto"] == nl.RTPROT_BGP:
+                    self.debouncer.add(names)
+            elif event in ("RTM_NEWLINK", "RTM_DELLINK"):
+                kind = nl.link_kind(m)
+                if kind in ("vxlan", "bridge"):
+                    self.debouncer.add(names)
+                if kind == "vxlan":
+                    self._link(ns, m, event == "RTM_DELLINK", flaps)
+
+    def _link(self, ns, m, deleted: bool, flaps) -> None:
+        key = (ns, m["index"])
+        if deleted:
+            self._links.pop(key, None)
+            return
+        up = bool(m["flags"] & nl.IFF_UP)
+        before = self._links.get(key, "new")
+        self._links[key] = "up" if up else (before if before == "new" else "down")
+        if up and before == "down":
+            vni = nl.vxlan_id(m)
+            for t in self.shadow.tenants():
+                if vni == t.l3vni:
+                    flaps.add((t.name, None))
+                elif any(s.vni == vni for s in t.subnets):
+                    flaps.add((t.name, vni))
+
+    def _resignal(self, tenant: str, vni: Optional[int]) -> None:
+        with self.shadow._lock:
+            t = next((t for t in self.shadow.tenants() if t.name == tenant), None)
+            if t is None:
+                return
+            try:
+                self.shadow._resignal(t, None if vni is None else {vni})
+            except Exception:     # noqa: BLE001 - logged; the next apply() or resignal() repairs it
+                log.exception("shadow %s: re-signalling tenant %s after its VXLAN device came back up",
+                              self.shadow.tag, tenant)
