@@ -643,7 +643,34 @@ def _show_offline(args) -> int:
     return 0
 
 
+def cmd_evpn(args) -> int:
+    """The fabric: offline what a topology configures, live (--ctl) also what FRR installed."""
+    _ctl_alone(args, "evpn")
+    if args.config:
+        from .mirror import evpn_view
+        from .topology import load_topology
+
+        view = evpn_view(load_topology(args.config))
+    else:
+        if not args.ctl:
+            from .live import DEFAULT_CTL
+
+            args.ctl = DEFAULT_CTL
+        view = _ctl(args, "evpn")
+    if args.json:
+        print(json.dumps(view, sort_keys=True))
+        return 0
+    from .mirror import evpn_text
+
+    print(evpn_text(view), end="")
+    return 0
+
+
 def cmd_demo(args) -> int:
+    if args.fabric:
+        from .demo_fabric import run_fabric_demo
+
+        return run_fabric_demo(as_json=args.json)
     from .demo import run_demo
 
     _output_dir(args.out_dir)
@@ -738,6 +765,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="packets of generated traffic (at least one per traffic stream is sent, "
                          "and the SYN flood's 3,000 that exceed red's quota)")
     sp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    sp.add_argument("--fabric", action="store_true",
+                    help="the EVPN fabric scene instead: learned MACs, routes and router MACs, offline")
     sp.set_defaults(func=cmd_demo)
 
     sp = sub.add_parser("replay", help="replay pcaps through the pipeline, one output pcap per port")
@@ -872,6 +901,13 @@ def _parser() -> argparse.ArgumentParser:
     pipeline_args(sp)
     ctl_arg(sp, required_default=False)
     sp.set_defaults(func=cmd_show)
+
+    sp = sub.add_parser("evpn", help="the EVPN fabric: VNIs, VTEPs, MACs and IPs with their route type, router MACs "
+                                     "(of the running dpu, or of --config offline)")
+    sp.add_argument("--config", metavar="TOPOLOGY", help="a topology file: what it configures, offline")
+    sp.add_argument("--json", action="store_true")
+    ctl_arg(sp, required_default=False)
+    sp.set_defaults(func=cmd_evpn)
 
     sp = sub.add_parser("bench", help="measure packet rates (Mpps, ns/packet)")
     from .bench import SCENARIOS

@@ -91,6 +91,7 @@ class ControlServer:
             "ct-flush": lambda zone: inst.dp.ct_flush(zone=zone),
             "trace": self._trace,
             "reload": lambda: inst.reload(),
+            "evpn": lambda: inst.evpn_view(),
         }
         self._closed = False
 
@@ -214,7 +215,7 @@ class ControlServer:
             data = bytes.fromhex(hex)
         except ValueError:
             raise InvalidArgumentError("trace: 'hex' must be hexadecimal bytes") from None
-        tr = self.inst.dp.trace(data, in_port)
+        tr = self.inst.trace(data, in_port)
         d = asdict(tr)
         d["outputs"] = [{"port": p, "hex": b.hex()} for p, b in tr.outputs]
         return {"text": str(tr), "json": d}
@@ -305,7 +306,7 @@ def _numbered(cmd: str, key: str, v: Any) -> list:
 REQUIRED = object()
 #: Each command's arguments: name -> (check, default or REQUIRED). The CLI sends all of them.
 ARGS: Dict[str, Dict[str, Tuple[Callable[[str, str, Any], Any], Any]]] = {
-    "ping": {}, "show": {}, "dump-groups": {}, "stats": {}, "reload": {},
+    "ping": {}, "show": {}, "dump-groups": {}, "stats": {}, "reload": {}, "evpn": {},
     "dump-flows": {"match": (_text, ""), "strict": (_flag, False)},
     "add-flows": {"flows": (_numbered, REQUIRED), "file": (_file, None)},
     "mod-flows": {"flow": (_text, REQUIRED), "strict": (_flag, False)},

@@ -159,6 +159,7 @@ class Instance:
         self.control = None
         self.metrics = None
         self.resolver = None
+        self.evpn = None                       # dpu.evpn.EvpnService, with an evpn: section
         self.warnings: List[str] = []
         self.started_at = 0.0
         self.attached: Dict[str, str] = {}     # port name -> interface
@@ -226,13 +227,32 @@ class Instance:
             from .arp import Resolver
 
             self.resolver = Resolver.for_topology(self)
+            if self.topology is not None and self.topology.evpn is not None:
+                self.evpn = self._evpn_service()
         except Exception:
             self.close()
             raise
 
+    def _evpn_service(self):
+        from .evpn import EvpnService
+
+        uplink = self.topology.uplink.port
+        ifname = self.attached.get(uplink)
+        if ifname is None:
+            raise LiveError(f"evpn: the uplink port {uplink} needs an interface (--port {uplink}=IFNAME): "
+                            "its address is the VTEP FRR advertises")
+        return EvpnService(self.dp, self.topology, ifname, os.fspath(self.opts.ctl) if self.opts.ctl else None)
+
     # ---- running --------------------------------------------------------------------
     def start(self) -> None:
         self.runner.start()  # opens every queue first: an error leaves nothing running
+        if self.evpn is not None:
+            try:
+                self.evpn.start()
+            except Exception:
+                self.runner.stop()
+                self.close()
+                raise
         self.started_at = time.monotonic()
         if self.control:
             self.control.start()
@@ -247,10 +267,10 @@ class Instance:
         self.close()
 
     def close(self) -> None:
-        for part in (self.resolver, self.control, self.metrics):
+        for part in (self.resolver, self.control, self.metrics, self.evpn):
             if part is not None:
                 part.close()
-        self.resolver = self.control = self.metrics = None
+        self.resolver = self.control = self.metrics = self.evpn = None
 
     def trap_signals(self) -> None:
         """From now on SIGINT and SIGTERM stop the instance (wait() returns)
@@ -271,6 +291,8 @@ class Instance:
         try:
             while not self._stop.wait(0.5):
                 self.tell_offloads()
+                if self.evpn is not None:
+                    self.evpn.housekeeping()
         finally:
             self.release_signals()
         return self._signals[0] if self._signals else 0
@@ -335,6 +357,9 @@ class Instance:
                 topo = load_topology(self.opts.config)
                 attached = set(self.attached)
                 old = self.topology
+                if (old.evpn is None) != (topo.evpn is None):
+                    raise LiveError("reload: the evpn: section was " + ("added" if old.evpn is None else "removed")
+                                    + "; starting or stopping the fabric needs a restart of dpu run")
                 self.topology = topo
                 try:
                     res = self.dp.load_topology(self.effective_topology(), flows_file=self.opts.flows)
@@ -344,6 +369,8 @@ class Instance:
                 missing = sorted(attached - set(self.dp.ports))
                 if self.resolver:
                     self.resolver.retarget()
+                if self.evpn is not None:
+                    self.evpn.reload(topo)
                 out = dict(res)
                 if missing:
                     out["detached"] = missing
@@ -366,6 +393,23 @@ class Instance:
             self.dp.load_topology(self.effective_topology(), flows_file=self.opts.flows)
 
     # ---- what is running ----------------------------------------------------------------
+    def trace(self, data: bytes, in_port: str):
+        """dpu trace --ctl: the dataplane's trace, naming the learned entry of each flow the
+        fabric installed."""
+        tr = self.dp.trace(data, in_port)
+        evpn = self.evpn
+        return evpn.mirror.annotate(tr) if evpn is not None else tr
+
+    def evpn_view(self) -> dict:
+        """dpu evpn --ctl: the fabric as configured, learned and in force."""
+        if self.evpn is not None:
+            return self.evpn.view()
+        from .mirror import evpn_view
+
+        if self.topology is None:
+            return {"evpn": None, "tenants": {}}
+        return evpn_view(self.topology)
+
     def show(self) -> dict:
         ports = []
         for p in self.dp.port_info():

@@ -166,6 +166,28 @@ class Collector:
             for name, s in inst.resolver.status().items():
                 nh.add_metric([name, s["ip"]], 1 if s["mac"] else 0)
             yield nh
+        if getattr(inst, "evpn", None) is not None:
+            yield from _evpn_metrics(inst.evpn.metrics())
+
+
+def _evpn_metrics(m: dict) -> Iterator:
+    """The fabric mirror: learned entries in force, per tenant and kind; entries left out;
+    transactions; the time since the last change."""
+    learned = GaugeMetricFamily("dpu_evpn_learned", "entries learned from the fabric in force, per tenant and kind "
+                                "(macs, neighs, flood, routes, vteps)", labels=["tenant", "kind"])
+    for tenant, kinds in m["learned"].items():
+        for kind, n in kinds.items():
+            learned.add_metric([tenant, kind], n)
+    yield learned
+    skipped = GaugeMetricFamily("dpu_evpn_skipped", "learned entries left out, by reason", labels=["reason"])
+    for reason, n in m["skipped"].items():
+        skipped.add_metric([reason], n)
+    yield skipped
+    yield CounterMetricFamily("dpu_evpn_transactions", "dataplane transactions from the fabric", value=m["transactions"])
+    yield CounterMetricFamily("dpu_evpn_errors", "fabric reads or commits that failed", value=m["errors"])
+    if m["seconds_since_change"] is not None:
+        yield GaugeMetricFamily("dpu_evpn_seconds_since_change", "seconds since the fabric last changed the flows",
+                                value=m["seconds_since_change"])
 
 
 class MetricsServer:

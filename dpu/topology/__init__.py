@@ -24,15 +24,16 @@ Validation happens before anything is applied; nothing here touches a
 dataplane (``Dataplane.load_topology`` applies a Compiled). This module is the
 package's public face: callers import from ``dpu.topology``, not from its parts.
 """
-from .compiler import (PROTO_NUMBERS, T_FABRIC, T_INET_IN, T_INET_IN_CT, T_INET_IN_ROUTE, T_INGRESS, T_L2, T_L3,
-                       T_NAT_OUT, T_NAT_OUT_CT, T_NAT_OUT_ROUTE, TOPOLOGY_COOKIE, TOPOLOGY_COOKIE_MASK, UNRESOLVED_MAC,
-                       Compiled, compile_topology)
+from .compiler import (EVPN_FLOOD_GROUP, PROTO_NUMBERS, T_FABRIC, T_INET_IN, T_INET_IN_CT, T_INET_IN_ROUTE,
+                       T_INGRESS, T_L2, T_L3, T_L3VNI, T_NAT_OUT, T_NAT_OUT_CT, T_NAT_OUT_ROUTE, TOPOLOGY_COOKIE,
+                       TOPOLOGY_COOKIE_MASK, UNRESOLVED_MAC, Compiled, compile_topology)
 from .reader import MAX_DEPTH, MAX_ERRORS, MAX_FILE_BYTES
-from .schema import TUNNEL_PORT, Endpoint, Forward, Internet, Nat, Tenant, Topology, Uplink, load_topology
+from .schema import TUNNEL_PORT, Endpoint, Evpn, Forward, Internet, Nat, Peer, Tenant, Topology, Uplink, load_topology
 
 __all__ = [
-    "MAX_DEPTH", "MAX_ERRORS", "MAX_FILE_BYTES", "PROTO_NUMBERS", "TOPOLOGY_COOKIE", "TOPOLOGY_COOKIE_MASK",
-    "TUNNEL_PORT", "T_FABRIC", "T_INET_IN", "T_INET_IN_CT", "T_INET_IN_ROUTE", "T_INGRESS", "T_L2", "T_L3",
-    "T_NAT_OUT", "T_NAT_OUT_CT", "T_NAT_OUT_ROUTE", "UNRESOLVED_MAC", "Compiled", "Endpoint", "Forward", "Internet",
-    "Nat", "Tenant", "Topology", "Uplink", "compile_topology", "load_topology",
+    "EVPN_FLOOD_GROUP", "MAX_DEPTH", "MAX_ERRORS", "MAX_FILE_BYTES", "PROTO_NUMBERS", "TOPOLOGY_COOKIE",
+    "TOPOLOGY_COOKIE_MASK", "TUNNEL_PORT", "T_FABRIC", "T_INET_IN", "T_INET_IN_CT", "T_INET_IN_ROUTE", "T_INGRESS",
+    "T_L2", "T_L3", "T_L3VNI", "T_NAT_OUT", "T_NAT_OUT_CT", "T_NAT_OUT_ROUTE", "UNRESOLVED_MAC", "Compiled",
+    "Endpoint", "Evpn", "Forward", "Internet", "Nat", "Peer", "Tenant", "Topology", "Uplink", "compile_topology",
+    "load_topology",
 ]

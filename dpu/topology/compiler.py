@@ -17,6 +17,8 @@ Pipeline (tables):
   20  local ingress, L2: to local ports, VXLAN to remote endpoints, isolation
       drops for other tenants' MACs, flood group for broadcast/unknown.
   30  from the fabric, L2: to local ports only (split horizon).
+  35  from the fabric, routed (EVPN symmetric IRB): a tenant's L3 VNI to the
+      router MAC, routed to a local endpoint.
   40-42, 60-62: a tenant's NAT to the internet and back (_compile_nat).
 
 Every compiled flow carries a cookie with TOPOLOGY_COOKIE in its top byte, so
@@ -36,7 +38,8 @@ from .schema import TUNNEL_PORT, Tenant, Topology
 TOPOLOGY_COOKIE = 0xD9 << 56
 TOPOLOGY_COOKIE_MASK = 0xFF << 56
 
-T_INGRESS, T_L3, T_L2, T_FABRIC = 0, 10, 20, 30
+T_INGRESS, T_L3, T_L2, T_FABRIC, T_L3VNI = 0, 10, 20, 30, 35
+EVPN_FLOOD_GROUP = 0x10000   # + tenant index: the VTEPs the fabric learned (type 3), set by dpu.mirror
 T_NAT_OUT, T_NAT_OUT_CT, T_NAT_OUT_ROUTE = 40, 41, 42
 T_INET_IN, T_INET_IN_CT, T_INET_IN_ROUTE = 60, 61, 62
 PROTO_NUMBERS = {"tcp": 6, "udp": 17}
@@ -138,7 +141,7 @@ def compile_topology(topo: Topology) -> Compiled:
     # Uplink: answer ARP for our VTEP address; anything else that is not VXLAN for
     # us (VXLAN is popped before the tables) is dropped.
     sec = f"table {T_INGRESS}: uplink {u.port}"
-    if not u.ipv6:
+    if not u.ipv6 and topo.evpn is None:  # with EVPN the address is the kernel's: it answers
         add((f"table={T_INGRESS},priority=200,{g0},in_port={u.port},arp,arp_op=1,arp_tpa={u.ip},"
              f"actions={_arp_reply(u.mac, u.ip)}", sec))
     add((f"table={T_INGRESS},priority=100,{g0},in_port={u.port},actions=drop(underlay)", sec))
@@ -164,76 +167,7 @@ def compile_topology(topo: Topology) -> Compiled:
         add((f"table={T_FABRIC},priority=50,{g0},dl_dst={mac},actions=drop(isolation)", sec))
 
     for t in topo.tenants.values():
-        ck = f"cookie={TOPOLOGY_COOKIE | t.index:#x}"
-        md = f"metadata={t.vni:#x}"
-        wmd = f"write_metadata:{t.vni:#x}"
-        flood_id, flood_local_id = 2 * t.index - 1, 2 * t.index
-        tname = f"tenant {t.name} (vni {t.vni})"
-
-        # Groups: head-end replication.
-        local_buckets = [f"bucket=actions=output:{p}" for p in t.ports]
-        vtep_buckets = [
-            f"bucket=actions=set_field:{t.vni:#x}->tun_id,set_field:{vt}->{tun_dst_field},output:{TUNNEL_PORT}"
-            for vt in t.flood
-        ]
-        groups.append((",".join([f"group_id={flood_id},type=all"] + local_buckets + vtep_buckets),
-                       f"{tname}: broadcast/unknown from local ports -> local ports + flood VTEPs"))
-        groups.append((",".join([f"group_id={flood_local_id},type=all"] + local_buckets),
-                       f"{tname}: broadcast/unknown from the fabric -> local ports"))
-
-        # Table 0: anti-spoofing for local ports.
-        sec = f"table {T_INGRESS}: {tname}: local ports, anti-spoofing"
-        for p, ep in t.ports.items():
-            own = f"{ck},in_port={p},dl_src={ep.mac},vlan_tci=0x0000"
-            go = f"actions={wmd},goto_table:{T_L3}"
-            add((f"table={T_INGRESS},priority=200,{own},ip,nw_src={ep.ip},{go}", sec))
-            add((f"table={T_INGRESS},priority=200,{own},arp,arp_spa={ep.ip},arp_sha={ep.mac},{go}", sec))
-            add((f"table={T_INGRESS},priority=190,{own},arp,arp_spa=0.0.0.0,arp_sha={ep.mac},{go}", sec))
-            add((f"table={T_INGRESS},priority=190,{own},udp,nw_src=0.0.0.0,nw_dst=255.255.255.255,"
-                 f"tp_src=68,tp_dst=67,{go}", sec))
-            add((f"table={T_INGRESS},priority=100,{ck},in_port={p},actions={wmd},drop(spoofed)", sec))
-
-        # Table 0: VXLAN acceptance.
-        sec = f"table {T_INGRESS}: {tname}: VXLAN from its VTEPs"
-        tun = f"table={T_INGRESS},{{prio}},{ck},in_port={TUNNEL_PORT},tun_id={t.vni:#x}"
-        for vt in t.vteps:
-            add((tun.format(prio="priority=200") + f",{tun_src_field}={vt},vlan_tci=0x0000,"
-                 f"actions={wmd},goto_table:{T_FABRIC}", sec))
-            add((tun.format(prio="priority=190") + f",{tun_src_field}={vt},actions={wmd},drop(inner_vlan)", sec))
-        # Not from one of its VTEPs: unauthenticated, so not charged to the tenant.
-        add((tun.format(prio="priority=150") + ",actions=drop(unknown_vtep)", sec))
-
-        # Table 10: ARP suppression and routing.
-        sec = f"table {T_L3}: {tname}: ARP suppression and anycast-gateway routing"
-        for p, ep in t.ports.items():  # probes / gratuitous ARP for a port's own address are flooded
-            add((f"table={T_L3},priority=300,{ck},{md},in_port={p},arp,arp_tpa={ep.ip},actions=goto_table:{T_L2}", sec))
-        answers = [(gw, t.gateway_mac) for _, gw in t.subnets]
-        answers += [(ep.ip, ep.mac) for ep in t.ports.values()]
-        answers += [(ep.ip, ep.mac) for ep in t.remote]
-        for ip, mac in answers:
-            add((f"table={T_L3},priority=200,{ck},{md},arp,arp_op=1,arp_tpa={ip},actions={_arp_reply(mac, ip)}", sec))
-        endpoints = list(t.ports.values()) + t.remote
-        for ep in endpoints:
-            add((f"table={T_L3},priority=100,{ck},{md},dl_dst={t.gateway_mac},ip,nw_dst={ep.ip},"
-                 f"actions=mod_dl_src:{t.gateway_mac},mod_dl_dst:{ep.mac},dec_ttl,goto_table:{T_L2}", sec))
-        add((f"table={T_L3},priority=50,{ck},{md},dl_dst={t.gateway_mac},actions=drop(unroutable)", sec))
-
-        # Table 20: L2 from local ports.
-        sec = f"table {T_L2}: {tname}: L2 forwarding from local ports"
-        for p, ep in t.ports.items():
-            add((f"table={T_L2},priority=100,{ck},{md},dl_dst={ep.mac},actions=output:{p}", sec))
-        for ep in t.remote:
-            add((f"table={T_L2},priority=100,{ck},{md},dl_dst={ep.mac},actions=set_field:{t.vni:#x}->tun_id,"
-                 f"set_field:{ep.vtep}->{tun_dst_field},output:{TUNNEL_PORT}", sec))
-        add((f"table={T_L2},priority=10,{ck},{md},actions=group:{flood_id}", sec))
-
-        # Table 30: from the fabric, to local ports only.
-        sec = f"table {T_FABRIC}: {tname}: L2 forwarding from the fabric (split horizon)"
-        for p, ep in t.ports.items():
-            add((f"table={T_FABRIC},priority=100,{ck},{md},dl_dst={ep.mac},actions=output:{p}", sec))
-        add((f"table={T_FABRIC},priority=90,{ck},{md},dl_dst={t.gateway_mac},actions=drop(unroutable)", sec))
-        add((f"table={T_FABRIC},priority=10,{ck},{md},actions=group:{flood_local_id}", sec))
-
+        _compile_tenant(topo, t, groups, add, tun_src_field, tun_dst_field)
         for p in t.ports:
             ports.append({"name": p, "ofport": 0})
 
@@ -251,6 +185,103 @@ def compile_topology(topo: Topology) -> Compiled:
                 nat_static.append((t.zone, PROTO_NUMBERS[f.proto], str(f.to), f.to_port, str(f.public), f.port))
     tenants = [(t.name, t.vni) for t in topo.tenants.values()]
     return Compiled(ports, groups, flows, tenants, topo, ct_zones, nat_static)
+
+
+def _compile_tenant(topo: Topology, t: Tenant, groups: List[Tuple[str, str]], add, tun_src_field: str,
+                    tun_dst_field: str) -> None:
+    """One tenant's flood groups and its flows in tables 0, 10, 20, 30 (and 35 with an L3 VNI)."""
+    ck = f"cookie={TOPOLOGY_COOKIE | t.index:#x}"
+    md = f"metadata={t.vni:#x}"
+    wmd = f"write_metadata:{t.vni:#x}"
+    flood_id, flood_local_id = 2 * t.index - 1, 2 * t.index
+    tname = f"tenant {t.name} (vni {t.vni})"
+
+    # Groups: head-end replication.
+    local_buckets = [f"bucket=actions=output:{p}" for p in t.ports]
+    vtep_buckets = [
+        f"bucket=actions=set_field:{t.vni:#x}->tun_id,set_field:{vt}->{tun_dst_field},output:{TUNNEL_PORT}"
+        for vt in t.flood
+    ]
+    if topo.evpn is not None:
+        groups.append((f"group_id={EVPN_FLOOD_GROUP + t.index},type=all",
+                       f"{tname}: the flood VTEPs EVPN learns (type-3 routes; filled while dpu runs)"))
+        vtep_buckets.append(f"bucket=actions=group:{EVPN_FLOOD_GROUP + t.index}")
+    groups.append((",".join([f"group_id={flood_id},type=all"] + local_buckets + vtep_buckets),
+                   f"{tname}: broadcast/unknown from local ports -> local ports + flood VTEPs"))
+    groups.append((",".join([f"group_id={flood_local_id},type=all"] + local_buckets),
+                   f"{tname}: broadcast/unknown from the fabric -> local ports"))
+
+    # Table 0: anti-spoofing for local ports.
+    sec = f"table {T_INGRESS}: {tname}: local ports, anti-spoofing"
+    for p, ep in t.ports.items():
+        own = f"{ck},in_port={p},dl_src={ep.mac},vlan_tci=0x0000"
+        go = f"actions={wmd},goto_table:{T_L3}"
+        add((f"table={T_INGRESS},priority=200,{own},ip,nw_src={ep.ip},{go}", sec))
+        add((f"table={T_INGRESS},priority=200,{own},arp,arp_spa={ep.ip},arp_sha={ep.mac},{go}", sec))
+        add((f"table={T_INGRESS},priority=190,{own},arp,arp_spa=0.0.0.0,arp_sha={ep.mac},{go}", sec))
+        add((f"table={T_INGRESS},priority=190,{own},udp,nw_src=0.0.0.0,nw_dst=255.255.255.255,"
+             f"tp_src=68,tp_dst=67,{go}", sec))
+        add((f"table={T_INGRESS},priority=100,{ck},in_port={p},actions={wmd},drop(spoofed)", sec))
+
+    # Table 0: VXLAN acceptance.
+    sec = f"table {T_INGRESS}: {tname}: VXLAN from its VTEPs"
+    tun = f"table={T_INGRESS},{{prio}},{ck},in_port={TUNNEL_PORT},tun_id={t.vni:#x}"
+    for vt in t.vteps:
+        add((tun.format(prio="priority=200") + f",{tun_src_field}={vt},vlan_tci=0x0000,"
+             f"actions={wmd},goto_table:{T_FABRIC}", sec))
+        add((tun.format(prio="priority=190") + f",{tun_src_field}={vt},actions={wmd},drop(inner_vlan)", sec))
+    # Not from one of its VTEPs: unauthenticated, so not charged to the tenant.
+    add((tun.format(prio="priority=150") + ",actions=drop(unknown_vtep)", sec))
+    if t.l3vni is not None:  # its VTEPs are learned (dpu.mirror)
+        add((f"table={T_INGRESS},priority=150,{ck},in_port={TUNNEL_PORT},tun_id={t.l3vni:#x},"
+             "actions=drop(unknown_vtep)", sec))
+
+    # Table 10: ARP suppression and routing.
+    sec = f"table {T_L3}: {tname}: ARP suppression and anycast-gateway routing"
+    for p, ep in t.ports.items():  # probes / gratuitous ARP for a port's own address are flooded
+        add((f"table={T_L3},priority=300,{ck},{md},in_port={p},arp,arp_tpa={ep.ip},actions=goto_table:{T_L2}", sec))
+    answers = [(gw, t.gateway_mac) for _, gw in t.subnets]
+    answers += [(ep.ip, ep.mac) for ep in t.ports.values()]
+    answers += [(ep.ip, ep.mac) for ep in t.remote]
+    for ip, mac in answers:
+        add((f"table={T_L3},priority=200,{ck},{md},arp,arp_op=1,arp_tpa={ip},actions={_arp_reply(mac, ip)}", sec))
+    endpoints = list(t.ports.values()) + t.remote
+    for ep in endpoints:
+        add((f"table={T_L3},priority=100,{ck},{md},dl_dst={t.gateway_mac},ip,nw_dst={ep.ip},"
+             f"actions=mod_dl_src:{t.gateway_mac},mod_dl_dst:{ep.mac},dec_ttl,goto_table:{T_L2}", sec))
+    add((f"table={T_L3},priority=50,{ck},{md},dl_dst={t.gateway_mac},actions=drop(unroutable)", sec))
+
+    # Table 20: L2 from local ports.
+    sec = f"table {T_L2}: {tname}: L2 forwarding from local ports"
+    for p, ep in t.ports.items():
+        add((f"table={T_L2},priority=100,{ck},{md},dl_dst={ep.mac},actions=output:{p}", sec))
+    for ep in t.remote:
+        add((f"table={T_L2},priority=100,{ck},{md},dl_dst={ep.mac},actions=set_field:{t.vni:#x}->tun_id,"
+             f"set_field:{ep.vtep}->{tun_dst_field},output:{TUNNEL_PORT}", sec))
+    add((f"table={T_L2},priority=10,{ck},{md},actions=group:{flood_id}", sec))
+
+    # Table 30: from the fabric, to local ports only.
+    sec = f"table {T_FABRIC}: {tname}: L2 forwarding from the fabric (split horizon)"
+    for p, ep in t.ports.items():
+        add((f"table={T_FABRIC},priority=100,{ck},{md},dl_dst={ep.mac},actions=output:{p}", sec))
+    add((f"table={T_FABRIC},priority=90,{ck},{md},dl_dst={t.gateway_mac},actions=drop(unroutable)", sec))
+    add((f"table={T_FABRIC},priority=10,{ck},{md},actions=group:{flood_local_id}", sec))
+
+    if t.l3vni is not None:
+        _compile_l3vni(topo, t, add)
+
+
+def _compile_l3vni(topo: Topology, t: Tenant, add) -> None:
+    """Table 35: what another host routed into the tenant's L3 VNI (RFC 9135 symmetric
+    IRB: inner destination our router MAC) is routed again here, to a local endpoint."""
+    ck = f"cookie={TOPOLOGY_COOKIE | t.index:#x}"
+    md = f"metadata={t.vni:#x}"
+    rmac = topo.evpn.router_mac
+    sec = f"table {T_L3VNI}: tenant {t.name} (l3vni {t.l3vni}): routed from the fabric to local endpoints"
+    for p, ep in t.ports.items():
+        add((f"table={T_L3VNI},priority=100,{ck},{md},dl_dst={rmac},ip,nw_dst={ep.ip},"
+             f"actions=mod_dl_src:{t.gateway_mac},mod_dl_dst:{ep.mac},dec_ttl,output:{p}", sec))
+    add((f"table={T_L3VNI},priority=0,{ck},{md},actions=drop(unroutable)", sec))
 
 
 def _compile_internet(topo: Topology, add) -> None:

@@ -62,6 +62,7 @@ class Endpoint:
     ip: ipaddress.IPv4Address
     port: Optional[str] = None  # local port name
     vtep: Optional[Union[ipaddress.IPv4Address, ipaddress.IPv6Address]] = None  # remote
+    pinned: bool = False        # remote: wins over what the fabric (EVPN) learns for its MAC and IP
 
 
 @dataclass
@@ -115,6 +116,7 @@ class Tenant:
     zone: int = 0                    # conntrack zone
     nat: Optional[Nat] = None
     connection_limit: int = 0        # 0: none
+    l3vni: Optional[int] = None      # EVPN: the VNI routed traffic between hosts takes (symmetric IRB)
 
     @property
     def vteps(self) -> List[Union[ipaddress.IPv4Address, ipaddress.IPv6Address]]:
@@ -126,6 +128,23 @@ class Tenant:
         return list(seen)
 
 
+@dataclass(frozen=True)
+class Peer:
+    address: ipaddress.IPv4Address
+    remote_asn: Optional[int] = None   # None: iBGP (our own AS)
+
+
+@dataclass
+class Evpn:
+    """The fabric: BGP EVPN spoken by FRRouting (docs/fabric.md)."""
+    asn: int
+    router_id: ipaddress.IPv4Address  # default: the uplink's address
+    router_mac: str                   # default: the uplink's MAC; inner source of routed VXLAN
+    peers: List[Peer]
+    frr: str = "managed"              # managed: dpu run starts FRR; external: an operator's FRR
+    graceful_restart: bool = False
+
+
 @dataclass
 class Topology:
     uplink: Uplink
@@ -134,6 +153,7 @@ class Topology:
     internet: Optional[Internet] = None
     ct_timeouts: Dict[str, float] = field(default_factory=dict)
     ct_max_connections: Optional[int] = None
+    evpn: Optional[Evpn] = None
 
 
 # ---- validation --------------------------------------------------------------------------
@@ -151,13 +171,17 @@ class _V(_Errors):
 
     # -- one field each: fail() with a message naming the value, or return it --
 
-    def mapping(self, v: Any, path: str, required: Sequence[str], optional: Sequence[str]) -> dict:
+    def mapping(self, v: Any, path: str, required: Sequence[str], optional: Sequence[str],
+                elsewhere: Optional[Dict[str, str]] = None) -> dict:
         """``v`` itself; unknown keys and missing required ones are recorded
-        (read required ones with ``req``, which skips them)."""
+        (read required ones with ``req``, which skips them). ``elsewhere``: keys valid
+        only in another setting, each with the message that says which."""
         if not isinstance(v, dict):
             self.fail(path, f"expected a mapping, got {type(v).__name__}")
         for k in v:
-            if k not in required and k not in optional:
+            if elsewhere and k in elsewhere:
+                self.note(_child(path, k), elsewhere[k], at_key=True, blocking=False)
+            elif k not in required and k not in optional:
                 known = ", ".join(list(required) + list(optional))
                 self.note(_child(path, k), f"unknown key (expected one of: {known})",
                           at_key=True, blocking=False)
@@ -286,7 +310,7 @@ def _validate(v: _V, data: Any) -> Optional[Topology]:
         got = "nothing (the document is empty)" if data is None else type(data).__name__
         v.note("", f"expected a mapping (uplink:, tenants:), got {got}")
         return None
-    v.mapping(data, "", ["uplink", "tenants"], ["internet", "conntrack"])
+    v.mapping(data, "", ["uplink", "tenants"], ["internet", "conntrack", "evpn"])
     uplink = None
     if data.get("uplink") is not None:
         with v.guard:
@@ -299,13 +323,61 @@ def _validate(v: _V, data: Any) -> Optional[Topology]:
     ct_max = None
     with v.guard:
         ct_timeouts, ct_max = _conntrack_section(v, data.get("conntrack"))
+    evpn = None
+    if data.get("evpn") is not None:
+        with v.guard:
+            evpn = _evpn_section(v, data["evpn"], uplink)
     tenants: Dict[str, Tenant] = {}
     if data.get("tenants") is not None:
         with v.guard:
-            tenants = _tenants_section(v, data["tenants"], uplink, internet, data.get("internet") is not None)
+            tenants = _tenants_section(v, data["tenants"], uplink, internet, data.get("internet") is not None,
+                                       "evpn" in data)
     if v.errors or uplink is None:
         return None
-    return Topology(uplink, tenants, v.source, internet, ct_timeouts, ct_max)
+    return Topology(uplink, tenants, v.source, internet, ct_timeouts, ct_max, evpn)
+
+
+def _evpn_section(v: _V, e: Any, uplink: Optional[Uplink]) -> Optional[Evpn]:
+    """evpn: {asn, router_id, router_mac, peers: [{address, remote_asn}], frr: managed|external,
+    graceful_restart}"""
+    bad = v.bad
+    v.mapping(e, "evpn", ["asn"], ["router_id", "router_mac", "peers", "frr", "graceful_restart"])
+    asn = v.req(e, "asn", "evpn.asn", v.integer, 1, (1 << 32) - 1)
+    if uplink is not None and uplink.ipv6:
+        v.note("uplink.ip", "EVPN needs an IPv4 underlay (the VTEP address FRR advertises)")
+    router_id = v.opt(e, "router_id", "evpn.router_id", v.ip, 4,
+                      default=uplink.ip if uplink is not None and not uplink.ipv6 else None)
+    if router_id is None and uplink is not None:
+        v.note("evpn.router_id", "required (the uplink's address is not IPv4)")
+    router_mac = v.opt(e, "router_mac", "evpn.router_mac", v.mac, default=uplink.mac if uplink else None)
+    frr = v.opt(e, "frr", "evpn.frr", v.choice, ("managed", "external"),
+                "managed or external", default="managed")
+    gr = False if e.get("graceful_restart") is None else v.opt(e, "graceful_restart", "evpn.graceful_restart",
+                                                               v.boolean)
+    peers: List[Peer] = []
+    seen: Dict[Any, int] = {}
+    raw_peers = v.collection(e, "peers", "evpn.peers", list, "a list of {address, remote_asn}")
+    for i, raw in enumerate(raw_peers or []):
+        pp = f"evpn.peers[{i}]"
+        with v.guard:
+            if isinstance(raw, str):
+                raw = {"address": raw}
+            v.mapping(raw, pp, ["address"], ["remote_asn"])
+            addr = v.req(raw, "address", f"{pp}.address", v.ip, 4)
+            ras = v.opt(raw, "remote_asn", f"{pp}.remote_asn", v.integer, 1, (1 << 32) - 1)
+            if addr is _BAD or ras is _BAD:
+                raise _Abort()
+            if uplink is not None and addr == uplink.ip:
+                v.fail(f"{pp}.address", f"{addr} is our own VTEP address")
+            if addr in seen:
+                v.fail(f"{pp}.address", f"{addr} is already evpn.peers[{seen[addr]}]")
+            seen[addr] = i
+            peers.append(Peer(addr, ras))
+    if frr == "managed" and raw_peers == []:
+        v.note("evpn.peers", "required with frr: managed (the BGP neighbours FRR is configured with)")
+    if v.bad > bad:
+        return None
+    return Evpn(asn=asn, router_id=router_id, router_mac=router_mac, peers=peers, frr=frr, graceful_restart=gr)
 
 
 def _uplink_section(v: _V, u: Any) -> Optional[Uplink]:
@@ -392,7 +464,7 @@ def _conntrack_section(v: _V, c: Any) -> Tuple[Dict[str, float], Optional[int]]:
 
 
 def _tenants_section(v: _V, raw: Any, uplink: Optional[Uplink], internet: Optional[Internet],
-                     internet_given: bool) -> Dict[str, Tenant]:
+                     internet_given: bool, evpn_given: bool = False) -> Dict[str, Tenant]:
     if not isinstance(raw, dict) or not raw:
         v.fail("tenants", "expected a mapping of tenant name to tenant")
     tenants: Dict[str, Tenant] = {}
@@ -400,9 +472,10 @@ def _tenants_section(v: _V, raw: Any, uplink: Optional[Uplink], internet: Option
     port_owner: Dict[str, str] = {}
     for index, (tname, t) in enumerate(raw.items(), 1):
         with v.guard:
-            tenant = _tenant(v, index, tname, t, uplink, internet, internet_given, vnis, port_owner)
+            tenant = _tenant(v, index, tname, t, uplink, internet, internet_given, vnis, port_owner, evpn_given)
             if tenant is not None:
                 tenants[tname] = tenant
+    _check_l3vnis(v, raw, tenants, vnis, evpn_given)
     _check_public_addresses(v, tenants)
     zones: Dict[int, str] = {}
     for tname, tenant in tenants.items():
@@ -420,12 +493,15 @@ def _tenants_section(v: _V, raw: Any, uplink: Optional[Uplink], internet: Option
 
 
 def _tenant(v: _V, index: int, tname: Any, t: Any, uplink: Optional[Uplink], internet: Optional[Internet],
-            internet_given: bool, vnis: Dict[int, str], port_owner: Dict[str, str]) -> Optional[Tenant]:
+            internet_given: bool, vnis: Dict[int, str], port_owner: Dict[str, str],
+            evpn_given: bool = False) -> Optional[Tenant]:
     """One tenant, or None when it has errors (recorded in ``v``)."""
     tp = _child("tenants", tname)
     v.name(tname, tp)
     bad = v.bad
-    v.mapping(t, tp, ["vni", "gateway_mac", "subnets"], ["ports", "remote", "flood", "zone", "nat", "limits"])
+    optional = ["ports", "remote", "flood", "zone", "nat", "limits"]
+    v.mapping(t, tp, ["vni", "gateway_mac", "subnets"], optional + (["l3vni"] if evpn_given else []),
+              None if evpn_given else {"l3vni": "an L3 VNI needs the evpn: section (it is advertised by BGP EVPN)"})
     vni = v.req(t, "vni", f"{tp}.vni", v.integer, 1, (1 << 24) - 1)
     if vni is not _BAD:
         if vni in vnis:
@@ -460,7 +536,7 @@ def _tenant(v: _V, index: int, tname: Any, t: Any, uplink: Optional[Uplink], int
     for i, r in enumerate(remote_raw or []):
         with v.guard:
             remote.append(_endpoint(v, r, f"{tp}.remote[{i}]", tname, nets, seen_ip, seen_mac, gw_ips,
-                                    ["vtep", "mac", "ip"], uplink))
+                                    ["vtep", "mac", "ip"], uplink, ["pinned"]))
     # every endpoint is known: NAT may say that an address is none of them
     endpoints_ok = (ports_raw is not None and remote_raw is not None
                     and len(ports) == len(ports_raw) and len(remote) == len(remote_raw))
@@ -493,8 +569,11 @@ def _tenant(v: _V, index: int, tname: Any, t: Any, uplink: Optional[Uplink], int
             nat = _nat_section(v, t["nat"], f"{tp}.nat", tname, [n for n, _ in subnets], endpoints)
     if v.bad > bad:
         return None
+    l3vni = v.opt(t, "l3vni", f"{tp}.l3vni", v.integer, 1, (1 << 24) - 1) if evpn_given else None
+    if v.bad > bad:
+        return None
     tenant = Tenant(tname, vni, gw_mac, subnets, ports, remote, flood, index)
-    tenant.zone, tenant.connection_limit, tenant.nat = zone, connection_limit, nat
+    tenant.zone, tenant.connection_limit, tenant.nat, tenant.l3vni = zone, connection_limit, nat, l3vni
     return tenant
 
 
@@ -532,10 +611,11 @@ def _subnets(v: _V, raw: Any, tp: str) -> Tuple[List[Tuple[ipaddress.IPv4Network
 
 def _endpoint(v: _V, r: Any, rp: str, tname: Any, nets: Optional[List[ipaddress.IPv4Network]],
               seen_ip: Dict[Any, str], seen_mac: Dict[str, str], gw_ips: Dict[Any, int],
-              keys: List[str], uplink: Optional[Uplink]) -> Endpoint:
-    """A local port's {mac, ip} or a remote endpoint's {vtep, mac, ip} (with ``uplink``)."""
+              keys: List[str], uplink: Optional[Uplink], optional: Sequence[str] = ()) -> Endpoint:
+    """A local port's {mac, ip} or a remote endpoint's {vtep, mac, ip, pinned} (with ``uplink``)."""
     bad = v.bad
-    v.mapping(r, rp, keys, [])
+    v.mapping(r, rp, keys, optional)
+    pinned = False if r.get("pinned") is None else v.opt(r, "pinned", f"{rp}.pinned", v.boolean)
     vtep = None
     if "vtep" in keys:
         vtep = v.req(r, "vtep", f"{rp}.vtep", v.ip, uplink.ip.version if uplink else None)
@@ -554,7 +634,28 @@ def _endpoint(v: _V, r: Any, rp: str, tname: Any, nets: Optional[List[ipaddress.
             _unique(v, seen_mac, mac, mac_path, None)
     if v.bad > bad:
         raise _Abort()
-    return Endpoint(mac=mac, ip=ip, vtep=vtep)
+    return Endpoint(mac=mac, ip=ip, vtep=vtep, pinned=pinned)
+
+
+def _check_l3vnis(v: _V, raw: dict, tenants: Dict[str, Tenant], vnis: Dict[int, str], evpn_given: bool) -> None:
+    """An L3 VNI is a tenant's own: no other tenant's L2 or L3 VNI, and only with evpn:."""
+    l3: Dict[int, str] = {}
+    for tname, t in tenants.items():
+        if evpn_given and (len(tname) > 15 or tname == "default" or not tname[0].isalpha()):
+            v.note(f"tenants.{tname}", "with evpn: a tenant's name is its VRF's (FRR, the kernel): 1 to 15 "
+                   "characters, beginning with a letter, not 'default'")
+        if t.l3vni is None:
+            if evpn_given:
+                v.note(f"tenants.{tname}.l3vni", "required with evpn: (the VNI the tenant's routed traffic takes "
+                       "between hosts)")
+            continue
+        path = f"tenants.{tname}.l3vni"
+        if t.l3vni in vnis:
+            v.note(path, f"VNI {t.l3vni} is already tenant {vnis[t.l3vni]}'s L2 VNI")
+        elif t.l3vni in l3:
+            v.note(path, f"VNI {t.l3vni} is already tenant {l3[t.l3vni]}'s L3 VNI")
+        else:
+            l3[t.l3vni] = tname
 
 
 def _inside(v: _V, ip: Any, path: str, nets: List[ipaddress.IPv4Network], tname: Any) -> None:
