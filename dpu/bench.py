@@ -442,6 +442,115 @@ def _churn_run(name: str, packets: int, repeat: int, progress: Optional[Progress
     return res
 
 
+# ---- the fabric: route churn through the mirror ----------------------------------------------
+
+EVPN_TOPOLOGY = """\
+uplink: {port: p0, ip: 172.31.0.12, mac: 02:00:00:00:00:12, nexthop_mac: 02:00:00:00:00:02, mtu: 1600}
+evpn: {asn: 65000, peers: [172.31.0.2]}
+tenants:
+  blue:
+    vni: 100
+    l3vni: 4001
+    gateway_mac: 02:a0:00:00:00:01
+    subnets: [{cidr: 10.0.0.0/24, gateway: 10.0.0.1}]
+    ports: {vm1: {mac: 02:00:00:00:01:11, ip: 10.0.0.11}}
+"""
+EVPN_MACS, EVPN_VTEPS, EVPN_ROUTES, EVPN_BURST = 10_000, 1_000, 1_000, 100
+
+
+def _evpn_vtep(i: int) -> str:
+    return f"172.30.{i // 250}.{i % 250 + 1}"
+
+
+def _evpn_learned(shift: int, moved: int):
+    """10,000 MACs and 1,000 host routes over 1,000 VTEPs; the first `moved` routes shifted
+    `shift` VTEPs along (a route change each)."""
+    from .fabric.shadow import Learned
+
+    vteps = [_evpn_vtep(i) for i in range(EVPN_VTEPS)]
+    macs = {(100, f"02:01:{i >> 16 & 255:02x}:{i >> 8 & 255:02x}:{i & 255:02x}:01"): vteps[i % EVPN_VTEPS]
+            for i in range(EVPN_MACS)}
+    routes = {f"{_ip(_ipint('10.1.0.0'), r)}/32": vteps[(r + (shift if r < moved else 0)) % EVPN_VTEPS]
+              for r in range(EVPN_ROUTES)}
+    rmacs = {v: f"02:b0:00:{i >> 8 & 255:02x}:{i & 255:02x}:01" for i, v in enumerate(vteps)}
+    return {"blue": Learned(macs=macs, flood={100: set(vteps)}, rmacs=rmacs, routes=routes)}
+
+
+def _evpn_churn_run(packets: int, repeat: int, progress: Optional[Progress], burst: int) -> dict:
+    """dpu run's fabric path without FRR: 10,000 learned MACs and 1,000 host routes over 1,000
+    VTEPs committed through the mirror (one transaction), then traffic routed into the L3 VNI
+    to the 1,000 routes measured alone and while another thread moves routes between VTEPs,
+    EVPN_BURST routes a transaction at CHURN_RATE route changes a second; and the mirror's
+    capacity: how many route changes a second it compiles and commits back to back."""
+    import threading
+
+    from .mirror import FabricMirror
+    from .topology import load_topology
+
+    allowed = sorted(os.sched_getaffinity(0))
+    churn_cpus = set(allowed[:-1]) or {allowed[-1]}
+    topo = load_topology(EVPN_TOPOLOGY)
+    dp = Dataplane.from_topology(topo)
+    mirror = FabricMirror(dp, topo)
+    t0 = time.perf_counter()
+    first = mirror.apply(_evpn_learned(0, 0))
+    load_s = time.perf_counter() - t0
+    vary = {"ip.dst": f"10.1.0.0-{_ip(_ipint('10.1.0.0'), EVPN_ROUTES - 1)}", "udp.sport": "1024-65535"}
+    pkts = gen.generate('Ether(dst="02:a0:00:00:00:01",src="02:00:00:00:01:11")/IP(src="10.0.0.11",dst="10.1.0.0",'
+                        'ttl=64)/UDP(sport=1024,dport=5000)', 1000, flows=1000, vary=vary, size=PACKET_SIZE)
+    ports = np.full(len(pkts), dp.port_number("vm1"), dtype=np.uint32)
+    os.sched_setaffinity(0, {allowed[-1]})
+    try:
+        ref = measure(dp, pkts, ports, packets, repeat, burst=burst)
+        if progress:
+            progress(1, 3, packets)
+        stop, done = threading.Event(), []
+
+        def churn() -> None:
+            os.sched_setaffinity(0, churn_cpus)
+            k, start = 0, time.perf_counter()
+            while not stop.is_set():
+                wait = start + k * EVPN_BURST / CHURN_RATE - time.perf_counter()
+                if wait > 0 and stop.wait(wait):
+                    break
+                k += 1
+                mirror.apply(_evpn_learned(k, EVPN_BURST))
+            done.append((k * EVPN_BURST, time.perf_counter() - start))
+
+        th = threading.Thread(target=churn, name="dpu-bench-evpn-churn", daemon=True)
+        before = report.workers_total(dp.stats())
+        th.start()
+        try:
+            under = measure(dp, pkts, ports, packets, repeat, burst=burst)
+        finally:
+            stop.set()
+            th.join()
+        delta = report.worker_delta(report.workers_total(dp.stats()), before)
+        if progress:
+            progress(2, 3, packets)
+        # capacity: bursts of 1,000 route changes back to back, each one transaction
+        times = []
+        mirror.apply(_evpn_learned(EVPN_VTEPS // 2, EVPN_ROUTES))   # every route one VTEP on from here on
+        for k in range(1, 6):
+            t1 = time.perf_counter()
+            r = mirror.apply(_evpn_learned(EVPN_VTEPS // 2 + k, EVPN_ROUTES))
+            times.append(time.perf_counter() - t1)
+            assert r["flows_added"] == EVPN_ROUTES, r
+    finally:
+        os.sched_setaffinity(0, set(allowed))
+    changes, secs = done[0]
+    burst_s = statistics.median(times)
+    return {"scenario": "evpn-churn", "packet_size": PACKET_SIZE, "packets": packets, "repeat": repeat,
+            "burst": burst, "learned_macs": EVPN_MACS, "vteps": EVPN_VTEPS, "routes": EVPN_ROUTES,
+            "initial_flows": first["flows_added"], "initial_load_seconds": round(load_s, 3),
+            "mpps_alone": ref["mpps"], "mpps": under["mpps"], "ns_per_packet": under["ns_per_packet"],
+            "ratio": round(under["mpps"] / ref["mpps"], 3) if ref["mpps"] else None,
+            "route_changes": changes, "route_changes_per_s": round(changes / secs, 1) if secs else 0.0,
+            "megaflows_revalidated": delta.get("megaflows_revalidated", 0), "upcalls": delta.get("upcalls", 0),
+            "burst_1000_seconds": round(burst_s, 4),
+            "capacity_route_changes_per_s": round(EVPN_ROUTES / burst_s) if burst_s else None}
+
+
 BUILDERS: Dict[str, Callable[[], Tuple[Any, Any, Any, dict]]] = {
     "l3-rewrite-1k": lambda: _l3(1000),
     "l3-rewrite-100k": lambda: _l3(100_000),
@@ -455,7 +564,7 @@ BUILDERS: Dict[str, Callable[[], Tuple[Any, Any, Any, dict]]] = {
     "snat-1m": lambda: _snat_established(1_000_000),
     "snat-est-1k": lambda: _snat_established(1_000),
 }
-SCENARIOS = list(BUILDERS) + ["replay-10m", "churn-1k", "churn-hit-1k"]
+SCENARIOS = list(BUILDERS) + ["replay-10m", "churn-1k", "churn-hit-1k", "evpn-churn"]
 TARGET_RATIO = {"churn-1k": 0.95, "churn-hit-1k": 0.70}  # of l3-rewrite-1k in the same run
 TARGETS_MPPS = {"l3-rewrite-1k": 25, "l3-rewrite-100k": 10, "l3-rewrite-1m": 5, "rules-10k": 15, "replay-10m": 5,
                 "vxlan-encap-1k": 20, "vxlan-decap-1k": 20, "tenants-1k": 10, "snat-est-10k": 12, "snat-1m": 6,
@@ -547,6 +656,8 @@ def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool 
         return _replay_10m(packets or 10_000_000, min(repeat, 3), progress)
     if name in TARGET_RATIO:
         return _churn_run(name, packets or 10_000_000, repeat, progress, burst)
+    if name == "evpn-churn":
+        return _evpn_churn_run(packets or 10_000_000, repeat, progress, burst)
     t0 = time.perf_counter()
     dp, pkts, ports, info = BUILDERS[name]()
     setup_s = time.perf_counter() - t0
@@ -630,6 +741,11 @@ def render(res: dict) -> str:
                  f"  {res['ratio']:.0%} of l3-rewrite-1k ({res['l3_rewrite_1k_mpps']} Mpps; target {res['target_ratio']:.0%})")
     if "checked" in res:
         line += f"  checked={res['checked']} wrong_version={res['wrong_version']}"
+    if "route_changes" in res:
+        line += (f"  {res['learned_macs']} MACs, {res['routes']} routes, {res['vteps']} VTEPs; route changes "
+                 f"{res['route_changes_per_s']:.0f}/s ({res['megaflows_revalidated']} megaflows dropped), "
+                 f"{res['ratio']:.0%} of the rate without ({res['mpps_alone']} Mpps); 1,000 in one transaction: "
+                 f"{res['burst_1000_seconds'] * 1e3:.0f} ms ({res['capacity_route_changes_per_s']}/s)")
     if res.get("target_mpps"):
         line += f"  (target {res['target_mpps']})"
     if "stages_ns_per_packet" in res:

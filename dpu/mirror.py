@@ -46,7 +46,10 @@ class FabricMirror:
         """Makes the dataplane forward by ``learned`` (tenant name -> Learned, all tenants:
         a tenant absent has learned nothing). Returns what changed."""
         t0 = time.perf_counter()
-        new = compile_learned(self.topo, learned)
+        memo = self.current.memo
+        if len(memo) > 4 * len(self.current.flows) + 4096:   # entries that came and went: start afresh
+            memo = None
+        new = compile_learned(self.topo, learned, memo)
         result = self._commit(new)
         with self._lock:
             self.learned = dict(learned)
@@ -58,6 +61,7 @@ class FabricMirror:
     def retopology(self, topo: Topology) -> dict:
         """The topology was reloaded: the learned entries compiled against it again."""
         self.topo = topo
+        self.current.memo = {}   # compiled against the old tenants
         return self.apply(self.learned)
 
     def clear(self) -> dict:

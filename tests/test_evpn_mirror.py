@@ -337,3 +337,13 @@ def test_fabric_demo_shows_each_learned_entry_at_work():
     assert got[4] == "dropped" and got[6] == "dropped"
     assert got[5].startswith("VXLAN VNI 100 to 172.31.0.23")
     assert s["commits"]["move"]["flows_added"] == 1 and s["transactions"] == 3
+
+
+def test_evpn_churn_benchmark_runs_its_changes():
+    """dpu bench evpn-churn on a short run: the learned state loads in one transaction and
+    the route changes are committed while the traffic runs (the rates are the benchmark's)."""
+    from dpu import bench
+
+    r = bench.run("evpn-churn", packets=100_000, repeat=1)
+    assert r["initial_flows"] == bench.EVPN_MACS + bench.EVPN_ROUTES + 2 * bench.EVPN_VTEPS + 2 * bench.EVPN_VTEPS
+    assert r["route_changes"] >= bench.EVPN_BURST and r["mpps"] > 0 and r["capacity_route_changes_per_s"] > 0

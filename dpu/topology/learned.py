@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 from .compiler import (EVPN_FLOOD_GROUP, T_FABRIC, T_INGRESS, T_L2, T_L3, T_L3VNI, TOPOLOGY_COOKIE_MASK,
                        _arp_reply)
@@ -55,14 +55,20 @@ class LearnedFlows:
     entries: Dict[str, Dict[str, int]] = field(default_factory=dict)  # tenant -> kind -> entries in force
     skipped: Dict[str, int] = field(default_factory=dict)   # reason -> entries left out
     used: Dict[str, str] = field(default_factory=dict)      # flow key -> the learned entry it stands for
+    memo: dict = field(default_factory=dict)                # entry -> its flows (or why left out): compile_learned
 
     def skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
 
 
-def compile_learned(topo: Topology, learned: Mapping[str, Any]) -> LearnedFlows:
-    """The flows and groups that make ``learned`` (tenant name -> Learned) forward."""
+def compile_learned(topo: Topology, learned: Mapping[str, Any], memo: Optional[dict] = None) -> LearnedFlows:
+    """The flows and groups that make ``learned`` (tenant name -> Learned) forward.
+
+    ``memo``: the previous result's ``memo`` for the same topology: an entry seen before is
+    not compiled again (a change to one entry among 10,000 costs a dictionary lookup for
+    each of the others, not a formatted flow)."""
     out = LearnedFlows()
+    out.memo = {} if memo is None else memo
     for t in topo.tenants.values():
         _tenant(topo, t, learned.get(t.name), out)
     known = set(topo.tenants)
@@ -72,11 +78,24 @@ def compile_learned(topo: Topology, learned: Mapping[str, Any]) -> LearnedFlows:
     return out
 
 
-def _add(out: LearnedFlows, ck: str, match: str, actions: str, entry: str) -> None:
+def _emit(out: LearnedFlows, memo_key: tuple, build: Callable[[], Union[str, List[tuple]]]) -> bool:
+    """The flows of one entry, from the memo or built (a list of (flow key, text, what it
+    stands for)), into ``out``; or the reason it is left out (a str) counted. True if emitted."""
+    got = out.memo.get(memo_key)
+    if got is None:
+        got = out.memo[memo_key] = build()
+    if isinstance(got, str):
+        out.skip(got)
+        return False
+    for key, text, entry in got:
+        out.flows[key] = text
+        out.used[key] = entry
+    return True
+
+
+def _flow(ck: str, match: str, actions: str, entry: str) -> tuple:
     """A flow ``ck,match,actions=actions``, keyed by its strict match (its cookie exactly)."""
-    key = f"{ck}/-1,{match}"
-    out.flows[key] = f"{ck},{match},actions={actions}"
-    out.used[key] = entry
+    return (f"{ck}/-1,{match}", f"{ck},{match},actions={actions}", entry)
 
 
 def _tenant(topo: Topology, t: Tenant, got: Any, out: LearnedFlows) -> None:
@@ -89,33 +108,30 @@ def _tenant(topo: Topology, t: Tenant, got: Any, out: LearnedFlows) -> None:
     ck = f"cookie={LEARNED_COOKIE | t.index:#x}"
     md = f"metadata={t.vni:#x}"
     tun = f"set_field:{{vni:#x}}->tun_id,set_field:{{vtep}}->tun_dst,output:{TUNNEL_PORT}"
-    local_macs = {ep.mac for ep in t.ports.values()}
-    local_ips = {str(ep.ip) for ep in t.ports.values()}
-    pinned_macs = {ep.mac for ep in t.remote if ep.pinned}
-    pinned_ips = {str(ep.ip) for ep in t.remote if ep.pinned}
+    own_macs = {ep.mac for ep in t.ports.values()} | {ep.mac for ep in t.remote if ep.pinned}
+    own_ips = {str(ep.ip) for ep in t.ports.values()} | {str(ep.ip) for ep in t.remote if ep.pinned}
     static_vteps = {str(v) for v in t.vteps}
     static_flood = {str(v) for v in t.flood}
     l2_vteps: Dict[str, None] = {}
 
-    for (vni, mac), vtep in sorted(got.macs.items()):
-        mac = mac.lower()
-        if vni != t.vni:
-            out.skip("other_vni")
-        elif mac in local_macs or mac in pinned_macs:
-            out.skip("local_or_pinned")
-        else:
-            _add(out, ck, f"table={T_L2},priority={PRIO_MAC},{md},dl_dst={mac}", tun.format(vni=vni, vtep=vtep),
-                 f"type-2 MAC {mac} vni {vni} via {vtep}")
-            l2_vteps.setdefault(vtep, None)
+    for (vni, mac), vtep in got.macs.items():
+        def mac_flows(vni=vni, mac=mac.lower(), vtep=vtep):
+            if vni != t.vni:
+                return "other_vni"
+            if mac in own_macs:
+                return "local_or_pinned"
+            return [_flow(ck, f"table={T_L2},priority={PRIO_MAC},{md},dl_dst={mac}", tun.format(vni=vni, vtep=vtep),
+                          f"type-2 MAC {mac} vni {vni} via {vtep}")]
+        if _emit(out, ("mac", t.index, vni, mac, vtep), mac_flows):
+            l2_vteps[vtep] = None
             counts["macs"] += 1
 
-    flood = sorted(got.flood.get(t.vni, ()))
     for vni in got.flood:
         if vni != t.vni:
             out.skip("other_vni")
     buckets = []
-    for vtep in flood:
-        l2_vteps.setdefault(vtep, None)
+    for vtep in sorted(got.flood.get(t.vni, ())):
+        l2_vteps[vtep] = None
         if vtep not in static_flood:
             buckets.append(f"bucket=actions={tun.format(vni=t.vni, vtep=vtep)}")
             counts["flood"] += 1
@@ -123,64 +139,68 @@ def _tenant(topo: Topology, t: Tenant, got: Any, out: LearnedFlows) -> None:
         out.groups[gid] = ",".join([f"group_id={gid},type=all"] + buckets)
 
     nets = [net for net, _ in t.subnets]
-    for (vni, ip), mac in sorted(got.neighs.items()):
-        if vni != t.vni:
-            out.skip("other_vni")
-        elif ip in local_ips or ip in pinned_ips:
-            out.skip("local_or_pinned")
-        elif not any(ipaddress.ip_address(ip) in n for n in nets):
-            out.skip("outside_subnets")
-        else:
-            _add(out, ck, f"table={T_L3},priority={PRIO_ARP},{md},arp,arp_op=1,arp_tpa={ip}",
-                 _arp_reply(mac.lower(), ip), f"type-2 MAC+IP {ip} {mac} vni {vni}")
+    for (vni, ip), mac in got.neighs.items():
+        def neigh_flows(vni=vni, ip=ip, mac=mac.lower()):
+            if vni != t.vni:
+                return "other_vni"
+            if ip in own_ips:
+                return "local_or_pinned"
+            if not any(ipaddress.ip_address(ip) in n for n in nets):
+                return "outside_subnets"
+            return [_flow(ck, f"table={T_L3},priority={PRIO_ARP},{md},arp,arp_op=1,arp_tpa={ip}",
+                          _arp_reply(mac, ip), f"type-2 MAC+IP {ip} {mac} vni {vni}")]
+        if _emit(out, ("neigh", t.index, vni, ip, mac), neigh_flows):
             counts["neighs"] += 1
 
     for vtep in l2_vteps:
         if vtep in static_vteps:
             continue
-        m = f"table={T_INGRESS},priority={{prio}},in_port={TUNNEL_PORT},tun_id={t.vni:#x},tun_src={vtep}"
-        _add(out, ck, m.format(prio=200) + ",vlan_tci=0x0000", f"write_metadata:{t.vni:#x},goto_table:{T_FABRIC}",
-             f"VTEP {vtep} (vni {t.vni})")
-        _add(out, ck, m.format(prio=190), f"write_metadata:{t.vni:#x},drop(inner_vlan)", f"VTEP {vtep} (vni {t.vni})")
+        _emit(out, ("vtep", t.index, t.vni, vtep), lambda vtep=vtep: _vtep_flows(ck, t.vni, t.vni, vtep, T_FABRIC))
         counts["vteps"] += 1
 
     if t.l3vni is not None:
-        _routes(topo, t, got, out, ck, md, local_ips | pinned_ips, counts)
+        _routes(topo, t, got, out, ck, md, own_ips, counts)
+
+
+def _vtep_flows(ck: str, vni: int, metadata: int, vtep: str, table: int) -> List[tuple]:
+    """VXLAN on `vni` from `vtep` accepted: untagged to `table`, tagged dropped."""
+    m = f"table={T_INGRESS},priority={{prio}},in_port={TUNNEL_PORT},tun_id={vni:#x},tun_src={vtep}"
+    what = f"VTEP {vtep} ({'vni' if table == T_FABRIC else 'l3vni'} {vni})"
+    return [_flow(ck, m.format(prio=200) + ",vlan_tci=0x0000", f"write_metadata:{metadata:#x},goto_table:{table}",
+                  what),
+            _flow(ck, m.format(prio=190), f"write_metadata:{metadata:#x},drop(inner_vlan)", what)]
 
 
 def _routes(topo: Topology, t: Tenant, got: Any, out: LearnedFlows, ck: str, md: str, own_ips: set,
             counts: Dict[str, int]) -> None:
     """Host and prefix routes into the L3 VNI, and VXLAN accepted on it from their VTEPs."""
-    l3_vteps: Dict[str, None] = {v: None for v in sorted(got.rmacs)}
+    l3_vteps: Dict[str, None] = dict.fromkeys(got.rmacs)
     rmac_self = topo.evpn.router_mac
     host_ips = {ip for (_, ip) in got.neighs}   # a /32 that is a MAC+IP came as type 2; else type 5
-    for prefix, vtep in sorted(got.routes.items()):
-        net = ipaddress.ip_network(prefix, strict=False)
-        if net.version != 4:
-            out.skip("ipv6_route")
-            continue
+    for prefix, vtep in got.routes.items():
         rmac = got.rmacs.get(vtep)
-        if rmac is None:
-            out.skip("no_router_mac")
-            continue
-        host = net.prefixlen == 32
-        if host and str(net.network_address) in own_ips:
-            out.skip("local_or_pinned")
-            continue
-        prio = PRIO_HOST_ROUTE if host else PRIO_PREFIX_BASE + net.prefixlen
-        dst = str(net.network_address) if host else str(net)
-        _add(out, ck, f"table={T_L3},priority={prio},{md},dl_dst={t.gateway_mac},ip,nw_dst={dst}",
-             f"mod_dl_src:{rmac_self},mod_dl_dst:{rmac.lower()},dec_ttl,set_field:{t.l3vni:#x}->tun_id,"
-             f"set_field:{vtep}->tun_dst,output:{TUNNEL_PORT}",
-             f"{route_type(prefix, host_ips)} route {net} via {vtep} (rmac {rmac.lower()})")
-        l3_vteps.setdefault(vtep, None)
-        counts["routes"] += 1
+        kind = route_type(prefix, host_ips)
+
+        def route_flows(prefix=prefix, vtep=vtep, rmac=rmac, kind=kind):
+            net = ipaddress.ip_network(prefix, strict=False)
+            if net.version != 4:
+                return "ipv6_route"
+            if rmac is None:
+                return "no_router_mac"
+            host = net.prefixlen == 32
+            if host and str(net.network_address) in own_ips:
+                return "local_or_pinned"
+            prio = PRIO_HOST_ROUTE if host else PRIO_PREFIX_BASE + net.prefixlen
+            dst = str(net.network_address) if host else str(net)
+            return [_flow(ck, f"table={T_L3},priority={prio},{md},dl_dst={t.gateway_mac},ip,nw_dst={dst}",
+                          f"mod_dl_src:{rmac_self},mod_dl_dst:{rmac.lower()},dec_ttl,set_field:{t.l3vni:#x}->tun_id,"
+                          f"set_field:{vtep}->tun_dst,output:{TUNNEL_PORT}",
+                          f"{kind} route {net} via {vtep} (rmac {rmac.lower()})")]
+        if _emit(out, ("route", t.index, prefix, vtep, rmac, kind), route_flows):
+            l3_vteps[vtep] = None
+            counts["routes"] += 1
     for vtep in l3_vteps:
-        m = f"table={T_INGRESS},priority={{prio}},in_port={TUNNEL_PORT},tun_id={t.l3vni:#x},tun_src={vtep}"
-        _add(out, ck, m.format(prio=200) + ",vlan_tci=0x0000", f"write_metadata:{t.vni:#x},goto_table:{T_L3VNI}",
-             f"VTEP {vtep} (l3vni {t.l3vni})")
-        _add(out, ck, m.format(prio=190), f"write_metadata:{t.vni:#x},drop(inner_vlan)",
-             f"VTEP {vtep} (l3vni {t.l3vni})")
+        _emit(out, ("l3vtep", t.index, t.l3vni, vtep), lambda vtep=vtep: _vtep_flows(ck, t.l3vni, t.vni, vtep, T_L3VNI))
 
 
 def route_type(prefix: str, host_ips) -> str:
