@@ -158,6 +158,11 @@ class EvpnService:
 
     # ---- what FRR installed -> the dataplane -------------------------------------------
     def _changed(self, _tenants) -> None:
+        frr = self.frr
+        if frr is not None and self.held_since is None and not frr.alive():
+            # bgpd died and zebra is flushing what it installed: not a withdrawal
+            self.held_since = time.monotonic()
+            log.warning("evpn: FRR is not running; learned entries stay in force until it is back")
         if self.held_since is not None:
             return        # FRR is coming back: keep what is in force (housekeeping syncs after)
         try:

@@ -241,3 +241,60 @@ def test_reload_without_a_port_withdraws_its_routes(fabric):
         host.write()
         host.ctl_call("reload")
     wait_for(at_h1, 30, "h1 to learn blue's VM MAC again")
+
+
+PACED = r"""
+import hashlib, os, socket, sys, time
+data = os.urandom(8 << 20); s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=120)
+t0 = time.monotonic(); seconds = float(sys.argv[3]); chunk = 64 << 10
+for i in range(0, len(data), chunk):
+    s.sendall(data[i:i + chunk])
+    time.sleep(max(0.0, t0 + seconds * (i + chunk) / len(data) - time.monotonic()))
+s.shutdown(socket.SHUT_WR); got = b""
+while True:
+    b = s.recv(4096)
+    if not b: break
+    got += b
+print(got.decode(), len(data), hashlib.sha256(data).hexdigest())
+"""
+
+
+def test_frr_dying_keeps_flows_forwarding(fabric):
+    """bgpd killed on the dpu host: zebra flushes what FRR installed, which is not the fabric
+    withdrawing it; dpu keeps the learned flows in force, restarts its FRR, and a TCP transfer
+    running through all of it arrives whole."""
+    lab, host, h1 = fabric
+    ep = lab.endpoint("h1", "red", 101)          # routed through the L3 VNI: learned routes and router MAC
+    srv = subprocess.Popen(["ip", "netns", "exec", ep.ns, sys.executable, "-c", SERVER, "5201"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        cli = subprocess.Popen(["ip", "netns", "exec", host.vms["red"], sys.executable, "-c", PACED, ep.ip, "5201",
+                                "6"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        before = host.evpn()["frr_restarts"]
+        with open(os.path.join(host.ctl + ".frr", "bgpd.pid")) as f:
+            os.kill(int(f.read().strip()), signal.SIGKILL)
+        out, err = cli.communicate(timeout=120)
+        assert cli.returncode == 0, err
+        n, digest, sent, want = out.split()
+        assert (int(n), digest) == (int(sent), want), "the transfer arrived whole"
+        wait_for(lambda: host.evpn()["frr_restarts"] > before and not host.evpn()["held"], 60,
+                 "dpu to restart its FRR and resume mirroring")
+        wait_for(lambda: all(host.evpn()["sessions"].values()), 60, "the BGP session back")
+    finally:
+        srv.kill()
+        srv.wait()
+
+
+def test_dpu_restart_relearns_and_readvertises(fabric):
+    lab, host, h1 = fabric
+    mac = VM["red"][0]
+    host.stop()
+    wait_for(lambda: mac not in sh("bridge", "-n", h1.tenant_ns["red"], "fdb", "show").stdout, 60,
+             "h1 to withdraw the red VM's MAC once dpu stopped")
+    host.start()
+    wait_for(lambda: lab.sessions().get(host.ip) == "Established", 60, "dpu's BGP session again")
+    ep = lab.endpoint("h1", "red", 101)
+    wait_for(lambda: nsexec(host.vms["red"], "ping", "-c", "1", "-W", "1", "-q", ep.ip, check=False).returncode == 0,
+             60, "red to reach h1 through the L3 VNI after dpu's restart")
+    assert mac in sh("bridge", "-n", h1.tenant_ns["red"], "fdb", "show").stdout
