@@ -1,12 +1,13 @@
-"""A dpu host in an EVPN fabric (issue 28): `dpu run` with its managed FRR, a route reflector,
-and a plain Linux EVPN VTEP (tests/evpn_lab.py), two tenants with the same addresses.
+"""A fabric of dpu hosts (issue 28): two hosts running `dpu run` with their managed FRR (h2, h3),
+a route reflector, and a plain Linux EVPN VTEP (h1, FRR configured as its documentation shows;
+tests/evpn_lab.py); two tenants with the same addresses.
 
-The dpu host is the lab's bare host h2 (172.31.0.12); its VMs are namespaces
-behind veths that dpu forwards for. The route reflector doubles as the underlay's router
-(dpu's uplink next hop). Checked: the sessions come up and what h1 announces is learned;
-ping and an 8 MB TCP transfer both ways, in the same subnet (L2 VNI) and across subnets
-(routed through the L3 VNI); the two tenants never meet; a port removed by a reload is
-withdrawn at h1; dpu evpn shows the learned entries.
+Each dpu host is one of the lab's bare hosts; its VMs are namespaces behind veths that dpu
+forwards for. The route reflector doubles as the underlay's router (dpu's uplink next hop).
+Checked: what h1 announces is learned and ours reach it; ping and an 8 MB TCP transfer both
+ways between every pair of hosts, in the same subnet (L2 VNI) and across subnets (routed
+through the L3 VNI); every VXLAN frame carries its own tenant's VNIs; a port removed by a
+reload is withdrawn; bgpd killed under a transfer; dpu restarted.
 """
 import json
 import os
@@ -21,7 +22,7 @@ import yaml
 
 from evpn_lab import ASN, GATEWAY_MAC, RR_IP, UNDERLAY_MTU, Lab
 from helpers.wait import wait_for
-from netns import ip, nsexec, sh, sysctl
+from netns import Capture, ip, nsexec, sh, sysctl
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: network namespaces"),
@@ -31,6 +32,12 @@ pytestmark = [
 
 VM = {"red": ("02:d0:00:00:01:20", 100, 4001), "blue": ("02:d0:00:00:02:20", 200, 4002)}
 VM_IP = "10.0.0.20"
+# h2's VMs: VM above, in 10.0.0.0/24. h3's (a second dpu host): red's in 10.0.1.0/24 (VNI 101:
+# routed to and from h2's red, through the L3 VNI) and blue's in 10.0.0.0/24 (VNI 200, h2's
+# blue's subnet: bridged). tenant -> (MAC, VNI, L3 VNI, subnet, VM address)
+H2 = {t: (mac, vni, l3, "10.0.0.0/24", VM_IP) for t, (mac, vni, l3) in VM.items()}
+H3 = {"red": ("02:d0:00:03:01:23", 101, 4001, "10.0.1.0/24", "10.0.1.23"),
+      "blue": ("02:d0:00:03:02:23", 200, 4002, "10.0.0.0/24", "10.0.0.23")}
 SERVER = r"""
 import hashlib, socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -69,26 +76,31 @@ def transfer(src_ns, dst_ns, dst_ip, port=5001):
         srv.wait()
 
 
+def _gateway(cidr: str) -> str:
+    return cidr.rsplit(".", 1)[0] + ".1"
+
+
 class DpuHost:
     """The namespace, VMs, topology file and `dpu run` of the dpu host."""
 
-    def __init__(self, lab: Lab) -> None:
+    def __init__(self, lab: Lab, name: str = "h2", spec=None) -> None:
         # FRR's daemons run as user frr: its state (beside the control socket) must be reachable,
         # which pytest's 0700 temporary directories are not.
         self.lab, self.dir = lab, tempfile.mkdtemp(prefix="dpufab-")
         os.chmod(self.dir, 0o755)
-        self.host = lab.host("h2")
+        self.spec = spec or H2
+        self.host = lab.host(name)
         self.ns, self.ip = self.host.ns, self.host.vtep_ip
         self.uplink_mac = json.loads(ip(self.ns, "-j", "link", "show", "uplink").stdout)[0]["address"]
         self.vms = {}
-        for tenant, (mac, _, _) in VM.items():
-            vns = lab._netns(f"{lab.tag}-dpu-{tenant}")
+        for tenant, (mac, _, _, cidr, vm_ip) in self.spec.items():
+            vns = lab._netns(f"{lab.tag}-{name}-vm-{tenant}")
             rep = f"r{tenant}"
             ip(self.ns, "link", "add", rep, "type", "veth", "peer", "name", "eth0", "address", mac, "netns", vns)
             ip(self.ns, "link", "set", rep, "up")
-            ip(vns, "addr", "add", f"{VM_IP}/24", "dev", "eth0")
+            ip(vns, "addr", "add", f"{vm_ip}/24", "dev", "eth0")
             ip(vns, "link", "set", "eth0", "up")
-            ip(vns, "route", "add", "default", "via", "10.0.0.1")
+            ip(vns, "route", "add", "default", "via", _gateway(cidr))
             for dev in ("eth0",):
                 sh("ip", "netns", "exec", vns, "ethtool", "-K", dev, "tx", "off", check=False)
             self.vms[tenant] = vns
@@ -102,10 +114,10 @@ class DpuHost:
                "evpn": {"asn": ASN, "peers": [RR_IP]},
                "tenants": {}}
         for tenant in tenants:
-            mac, vni, l3vni = VM[tenant]
+            mac, vni, l3vni, cidr, vm_ip = self.spec[tenant]
             out["tenants"][tenant] = {"vni": vni, "l3vni": l3vni, "gateway_mac": GATEWAY_MAC,
-                                      "subnets": [{"cidr": "10.0.0.0/24", "gateway": "10.0.0.1"}],
-                                      "ports": {f"r{tenant}": {"mac": mac, "ip": VM_IP}}}
+                                      "subnets": [{"cidr": cidr, "gateway": _gateway(cidr)}],
+                                      "ports": {f"r{tenant}": {"mac": mac, "ip": vm_ip}}}
         return out
 
     def write(self, tenants=("red", "blue")) -> None:
@@ -116,7 +128,7 @@ class DpuHost:
         self.write()
         cmd = ["ip", "netns", "exec", self.ns, sys.executable, "-m", "dpu.cli", "run", "--config", self.config,
                "--port", "p0=uplink", "--ctl", self.ctl]
-        for tenant in VM:
+        for tenant in self.spec:
             cmd += ["--port", f"r{tenant}=r{tenant}"]
         self.log = open(os.path.join(self.dir, "dpu.log"), "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
@@ -154,18 +166,20 @@ class DpuHost:
 
 @pytest.fixture(scope="module")
 def fabric():
-    with Lab(kinds=("vtep", "bare")) as lab:
+    with Lab(kinds=("vtep", "bare", "bare")) as lab:
         rr = f"{lab.tag}-rr"
         sysctl(rr, "net.ipv4.ip_forward", 1)          # the underlay's router too: dpu's next hop
         sysctl(rr, "net.ipv4.conf.all.send_redirects", 0)
         sysctl(rr, "net.ipv4.conf.uplink.send_redirects", 0)
-        host = DpuHost(lab)
+        host, host3 = DpuHost(lab), DpuHost(lab, "h3", H3)
         try:
-            host.start()
-            try:
-                wait_for(lambda: lab.sessions().get(host.ip) == "Established", 60, "dpu's BGP session at the reflector")
-            except AssertionError as e:
-                raise AssertionError(f"{e}\n{host.diagnose()}") from None
+            for h in (host, host3):
+                h.start()
+            for h in (host, host3):
+                try:
+                    wait_for(lambda: lab.sessions().get(h.ip) == "Established", 60, f"{h.ip}'s BGP session at the reflector")
+                except AssertionError as e:
+                    raise AssertionError(f"{e}\n{h.diagnose()}") from None
             h1 = lab.host("h1")
 
             def learned():
@@ -173,10 +187,12 @@ def fabric():
                 return all(v[t]["macs"] >= 1 and v[t]["routes"] >= 2 for t in VM)
 
             wait_for(learned, 60, "dpu to learn h1's endpoints and routes in both tenants")
+            host.peer = host3
             yield lab, host, h1
         finally:
-            host.stop()
-            shutil.rmtree(host.dir, ignore_errors=True)
+            for h in (host, host3):
+                h.stop()
+                shutil.rmtree(h.dir, ignore_errors=True)
 
 
 def test_dpu_learns_what_h1_announces(fabric):
@@ -298,3 +314,46 @@ def test_dpu_restart_relearns_and_readvertises(fabric):
     wait_for(lambda: nsexec(host.vms["red"], "ping", "-c", "1", "-W", "1", "-q", ep.ip, check=False).returncode == 0,
              60, "red to reach h1 through the L3 VNI after dpu's restart")
     assert mac in sh("bridge", "-n", h1.tenant_ns["red"], "fdb", "show").stdout
+
+
+def _vxlan_pairs(frames) -> set:
+    """(VNI, inner source IP, inner destination IP) of every IPv4-in-VXLAN frame."""
+    out = set()
+    for f in frames:
+        if len(f) < 14 + 20 + 8 + 8 + 14 + 20 or f[12:14] != b"\x08\x00" or f[23] != 17:
+            continue
+        vx = 14 + (f[14] & 15) * 4 + 8
+        inner = vx + 8
+        if f[inner + 12:inner + 14] != b"\x08\x00":
+            continue
+        vni = int.from_bytes(f[vx + 4:vx + 7], "big")
+        src, dst = f[inner + 26:inner + 30], f[inner + 30:inner + 34]
+        out.add((vni, ".".join(map(str, src)), ".".join(map(str, dst))))
+    return out
+
+
+def test_two_dpu_hosts_bridge_and_route_and_tenants_never_meet(fabric, tmp_path):
+    """h2 and h3 both run dpu: blue's VMs share 10.0.0.0/24 (bridged over VNI 200), red's are in
+    10.0.0.0/24 and 10.0.1.0/24 (routed through L3 VNI 4001); the same address 10.0.0.20 is
+    red's and blue's on h2. Ping and 8 MB of TCP both ways for each; every VXLAN frame on h3's
+    link carries its own tenant's VNIs only."""
+    lab, host, h1 = fabric
+    host3 = host.peer
+    red3, blue3 = H3["red"][4], H3["blue"][4]
+    with Capture(lab.underlay, "h3", str(tmp_path / "h3.pcap"), "udp port 4789") as cap:
+        for tenant, there in (("blue", blue3), ("red", red3)):
+            a, b = host.vms[tenant], host3.vms[tenant]
+            wait_for(lambda: nsexec(a, "ping", "-c", "1", "-W", "1", "-q", there, check=False).returncode == 0,
+                     60, f"{tenant}: h2's VM to reach h3's ({there})")
+            assert nsexec(b, "ping", "-c", "3", "-i", "0.2", "-W", "2", "-q", VM_IP, check=False).returncode == 0
+            transfer(a, b, there, 5301)
+            transfer(b, a, VM_IP, 5302)
+        frames = cap.stop()
+    seen = _vxlan_pairs(frames)
+    red = {(v, s, d) for v, s, d in seen if {s, d} == {VM_IP, red3}}
+    blue = {(v, s, d) for v, s, d in seen if {s, d} == {VM_IP, blue3}}
+    assert red and blue, seen
+    assert {v for v, _, _ in red} <= {100, 101, 4001}, f"red's traffic in another tenant's VNI: {red}"
+    assert {v for v, _, _ in blue} <= {200, 201, 4002}, f"blue's traffic in another tenant's VNI: {blue}"
+    assert 4001 in {v for v, _, _ in red}, "red's h2 <-> h3 traffic is routed through its L3 VNI"
+    assert {v for v, _, _ in blue} == {200}, "blue's h2 <-> h3 traffic stays on its L2 VNI"
