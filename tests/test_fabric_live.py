@@ -357,3 +357,65 @@ def test_two_dpu_hosts_bridge_and_route_and_tenants_never_meet(fabric, tmp_path)
     assert {v for v, _, _ in blue} <= {200, 201, 4002}, f"blue's traffic in another tenant's VNI: {blue}"
     assert 4001 in {v for v, _, _ in red}, "red's h2 <-> h3 traffic is routed through its L3 VNI"
     assert {v for v, _, _ in blue} == {200}, "blue's h2 <-> h3 traffic stays on its L2 VNI"
+
+
+def test_second_dpu_host_and_the_linux_vtep(fabric):
+    """h3 (dpu) <-> h1 (Linux VTEP): red bridged in 10.0.1.0/24 (VNI 101) and routed to h1's
+    10.0.0.11 through the L3 VNI, blue bridged in 10.0.0.0/24 (VNI 200); ping and 8 MB of TCP
+    both ways."""
+    lab, host, h1 = fabric
+    host3 = host.peer
+    pairs = [("red", lab.endpoint("h1", "red", 101)), ("red", lab.endpoint("h1", "red", 100)),
+             ("blue", lab.endpoint("h1", "blue", 200))]
+    for tenant, ep in pairs:
+        vm, mine = host3.vms[tenant], H3[tenant][4]
+        wait_for(lambda: nsexec(vm, "ping", "-c", "1", "-W", "1", "-q", ep.ip, check=False).returncode == 0,
+                 60, f"{tenant}: h3's VM {mine} to reach h1's {ep.ip}")
+        transfer(vm, ep.ns, ep.ip, 5401)
+        transfer(ep.ns, vm, mine, 5402)
+
+
+def test_a_vm_that_moves_to_another_host_is_followed(fabric):
+    """blue's VM on h2 moves to h3 (removed from h2's topology, added to h3's, each a reload):
+    h1's FDB and h2's learned flows follow its MAC to h3's VTEP."""
+    lab, host, h1 = fabric
+    host3 = host.peer
+    mac, _, _, _, vm_ip = H2["blue"]
+
+    def at_h1():
+        for line in sh("bridge", "-n", h1.tenant_ns["blue"], "fdb", "show").stdout.splitlines():
+            if line.startswith(mac) and " dst " in line:
+                return line.split(" dst ")[1].split()[0]
+        return None
+
+    def at_h2():
+        macs = host.evpn()["tenants"]["blue"]["macs"]
+        return [m["vtep"] for m in macs if m["mac"] == mac and m["source"] == "learned"]
+
+    assert at_h1() == host.ip
+    base3 = host3.topology()
+    try:
+        host.write(tenants=("red",))
+        host.ctl_call("reload")
+        moved = host3.topology()
+        moved["tenants"]["blue"]["ports"]["moved"] = {"mac": mac, "ip": vm_ip}
+        with open(host3.config, "w") as f:
+            yaml.safe_dump(moved, f)
+        host3.ctl_call("reload")
+        wait_for(lambda: at_h1() == host3.ip, 60, "h1 to follow the MAC to h3")
+        empty = host.topology()                      # blue back on h2, without the VM that left
+        empty["tenants"]["blue"]["ports"] = {}
+        with open(host.config, "w") as f:
+            yaml.safe_dump(empty, f)
+        host.ctl_call("reload")
+        wait_for(lambda: at_h2() == [host3.ip], 60, "h2 to learn the MAC at h3")
+        # and h2's red, untouched by all of it, still reaches h1
+        assert nsexec(host.vms["red"], "ping", "-c", "1", "-W", "2", "-q",
+                      lab.endpoint("h1", "red", 100).ip, check=False).returncode == 0
+    finally:
+        with open(host3.config, "w") as f:
+            yaml.safe_dump(base3, f)
+        host3.ctl_call("reload")
+        host.write()
+        host.ctl_call("reload")
+    wait_for(lambda: at_h1() == host.ip, 60, "h1 to see the MAC back at h2")
