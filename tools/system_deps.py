@@ -32,6 +32,8 @@ NEEDS: Tuple[Tuple[str, Tuple[str, ...], str], ...] = (
     ("sysctl", ("procps",), "settings inside the test namespaces"),
     ("setpriv", ("util-linux",), "dpu run without CAP_NET_RAW"),
     ("ovs-vswitchd", ("openvswitch-switch",), "Open vSwitch as the oracle (test_ovs_compat.py)"),
+    ("vtysh", ("frr",), "FRRouting, the fabric's BGP EVPN speaker (test_fabric_*.py, test_evpn_lab.py)"),
+    ("nft", ("nftables",), "the uplink's VXLAN guard (dpu run with evpn:)"),
     ("pkg-config:libxdp libbpf", ("pkg-config", "libxdp-dev", "libbpf-dev"),
      "the AF_XDP backend (--io afxdp), found when the core is built"),
     ("python:ensurepip", ("python3-venv",), "python3 -m venv, for CI's own environment"),
