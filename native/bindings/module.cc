@@ -467,7 +467,8 @@ void bind_conntrack(DataplaneClass& c) {
 }
 
 // ---- module-level helpers: clock calibration, self-tests, drop reasons -------------------
-void bind_module_functions(py::module_& m) {
+// The seam's facts, from where the core keeps them (read by the Python side).
+void bind_seam_facts(py::module_& m) {
   // The seam's facts, from where the core keeps them: conntrack's timeouts
   // (ct_timeouts.def: name, default seconds, what it applies to) with their
   // bounds in seconds and the connection limit's; a tunnel port's settings
@@ -500,6 +501,10 @@ void bind_module_functions(py::module_& m) {
 #else
   m.attr("IO_BACKENDS") = py::make_tuple("afpacket");
 #endif
+}
+
+// The cycle counter's calibration and the native self-tests (tests/test_selftest.py).
+void bind_selftests(py::module_& m) {
   m.def("tsc_hz", [] {
     // Calibrates the cycle counter the worker's stage profiler reads.
     auto t0 = std::chrono::steady_clock::now();
@@ -618,6 +623,10 @@ void bind_module_functions(py::module_& m) {
     return py::make_tuple(mismatches, filled_fast, filled_plain);
   });
   // counters.def as data: {"traffic"|"port"|"worker": [(stats key, description)]}.
+}
+
+// The single lists (counters.def, errors.def, drop_reasons.def), exported.
+void bind_lists(py::module_& m) {
   m.def("counters", [] {
     py::dict d;
     py::list traffic, port, worker;
@@ -669,6 +678,12 @@ void bind_module_functions(py::module_& m) {
     return v;
   });
 
+}
+
+void bind_module_functions(py::module_& m) {
+  bind_seam_facts(m);
+  bind_selftests(m);
+  bind_lists(m);
 }
 
 // ---- the streaming pcap replayer ------------------------------------------------------------
