@@ -52,11 +52,6 @@ class PortTable : public PortNames {
     return p < ports_.size() && ports_[p].ofport ? ports_[p].name : std::string();
   }
   const PortInfo* get(uint32_t p) const { return p < ports_.size() && ports_[p].ofport ? &ports_[p] : nullptr; }
-  uint32_t next_number() const {
-    for (uint32_t p = 1; p < ports_.size(); p++)
-      if (!ports_[p].ofport) return p;
-    return static_cast<uint32_t>(ports_.empty() ? 1 : ports_.size());
-  }
   void add(const PortInfo& info) {
     if (ports_.size() <= info.ofport) ports_.resize(info.ofport + 1);
     ports_[info.ofport] = info;

@@ -44,7 +44,6 @@ class PcapReader {
   uint64_t offset() const { return file_pos_ - (end_ - pos_); }
   uint64_t size() const { return size_; }
   bool nanosecond() const { return nsec_; }
-  bool is_pcapng() const { return ng_; }
   void close();
 
  private:
