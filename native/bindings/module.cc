@@ -24,6 +24,7 @@
 
 #include "../src/conntrack/ct_proto.h"
 #include "../src/dataplane.h"
+#include "../src/dp_format.h"
 #include "../src/dpcls.h"
 #include "dpu/mem.h"
 #include "../src/live.h"

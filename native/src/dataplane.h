@@ -170,6 +170,13 @@ struct TraceResult {
   uint16_t drop_reason = DROP_NONE;
 };
 
+// The one spelling of an input port the dataplane does not have (UNKNOWN_PORT), with the
+// packet's index when a batch is checked (runner.h check_input_ports, Dataplane::trace).
+inline Status unknown_input_port(uint32_t port, long index = -1) {
+  return Status::Error(Err::UNKNOWN_PORT, (index >= 0 ? "packet " + std::to_string(index) + ": " : std::string()) +
+                                              "unknown input port " + std::to_string(port));
+}
+
 struct Totals {
   std::vector<std::pair<uint32_t, PortCounters>> ports;
   std::vector<TenantCounters> tenants;

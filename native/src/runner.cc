@@ -90,8 +90,7 @@ Status check_input_ports(Dataplane* dp, const uint32_t* ports, size_t n, bool pe
   }
   for (size_t i = 0; i < n; i++)
     if (ports[i] >= known.size() || !known[ports[i]])
-      return Status::Error(Err::UNKNOWN_PORT, (per_packet ? "packet " + std::to_string(i) + ": " : std::string()) +
-                                                  "unknown input port " + std::to_string(ports[i]));
+      return unknown_input_port(ports[i], per_packet ? static_cast<long>(i) : -1);
   return Status::Ok();
 }
 

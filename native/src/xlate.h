@@ -94,7 +94,4 @@ struct XlateOut {
 
 void xlate(const XlateEnv& env, const Flow& key, XlateOut* out, std::vector<TraceEvent>* trace);
 
-// OVS-style datapath action text: "set(ipv4(ttl=63)),vm2", "tnl_pop(vxlan0)".
-std::string format_dp_actions(const DpActions& acts, const PortNames* ports);
-
 }  // namespace dpu
