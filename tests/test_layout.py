@@ -9,6 +9,8 @@ made inside functions (a circle held together by a lazy import is still a circle
 import ast
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -170,3 +172,11 @@ def test_the_cycle_finder_finds_a_lazy_circle():
 @pytest.mark.parametrize("name", ["test_x", "pkg.test_x", "conftest"])
 def test_a_test_module_is_recognised(name):
     assert _is_test_module(name)
+
+
+@pytest.mark.parametrize("tool", ["fnlen.py", "includes.py"])
+def test_functions_are_short_and_stages_do_not_see_the_dataplane(tool):
+    """tools/fnlen.py: no function over 150 lines (argparse tables excepted); tools/includes.py:
+    no stage of the worker includes dataplane.h, directly or through another header."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", tool)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
