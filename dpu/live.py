@@ -1,7 +1,7 @@
 """``dpu run``: the dataplane attached to Linux interfaces.
 
 An :class:`Instance` is everything a running dpu is: the :class:`Dataplane`
-(one API worker plus ``workers`` forwarding workers), the native live runner
+(one API worker plus ``workers`` forwarding workers), the native live workers
 (worker threads over AF_PACKET or AF_XDP queues, no GIL), the control socket
 (:mod:`dpu.control`), the Prometheus endpoint (:mod:`dpu.metrics`) and the
 next-hop resolver (:mod:`dpu.arp`).
@@ -152,7 +152,7 @@ class Instance:
     def __init__(self, opts: LiveOptions) -> None:
         self.opts = opts
         self.dp: Optional[Dataplane] = None
-        self.runner = None
+        self.live = None
         self.lock = threading.RLock()          # one change at a time
         self.topology = None                   # as read from the file, next hops unresolved
         self.resolved: Dict[str, str] = {}     # "uplink"/"internet" -> MAC the resolver found
@@ -213,7 +213,7 @@ class Instance:
         self.dp = dp
         self.attached = dict(o.ports)
         ports = [(dp.port_number(name), ifname) for name, ifname in o.ports]
-        self.runner = dp._core.live(ports, io=o.io, burst=o.burst, first_worker=1,
+        self.live = dp._core.live(ports, io=o.io, burst=o.burst, first_worker=1,
                                     drops_pcap=os.fspath(o.drops_pcap) if o.drops_pcap else "")
         try:
             if o.ctl:
@@ -245,12 +245,12 @@ class Instance:
 
     # ---- running --------------------------------------------------------------------
     def start(self) -> None:
-        self.runner.start()  # opens every queue first: an error leaves nothing running
+        self.live.start()  # opens every queue first: an error leaves nothing running
         if self.evpn is not None:
             try:
                 self.evpn.start()
             except Exception:
-                self.runner.stop()
+                self.live.stop()
                 self.close()
                 raise
         self.started_at = time.monotonic()
@@ -262,8 +262,8 @@ class Instance:
             self.resolver.start()
 
     def stop(self) -> None:
-        if self.runner is not None and self.runner.running:
-            self.runner.stop()
+        if self.live is not None and self.live.running:
+            self.live.stop()
         self.close()
 
     def close(self) -> None:
@@ -427,7 +427,7 @@ class Instance:
         }
 
     def interface_stats(self) -> List[dict]:
-        return list(self.runner.queue_stats()) if self.runner is not None else []
+        return list(self.live.queue_stats()) if self.live is not None else []
 
     def final_report(self) -> str:
         from .report import counter_tables, tenant_zones
@@ -447,8 +447,8 @@ class Instance:
                      f"{p['packets']:,} packets ({rate} average)")
         if self.opts.drops_pcap:
             try:
-                self.runner.check_drops()
-                lines.append(f"drops: {self.runner.drops_written:,} packets written to {self.opts.drops_pcap}")
+                self.live.check_drops()
+                lines.append(f"drops: {self.live.drops_written:,} packets written to {self.opts.drops_pcap}")
             except DpuError as e:
                 lines.append(f"drops: {e}")
         return "\n".join(lines)

@@ -715,9 +715,9 @@ void bind_replayer(py::module_& m) {
 
 // ---- live mode: worker threads on Linux interfaces --------------------------------------------
 void bind_live(py::module_& m, DataplaneClass& c) {
-  py::class_<LiveRunner, ExitSafePtr<LiveRunner>>(m, "Live")
+  py::class_<LiveWorkers, ExitSafePtr<LiveWorkers>>(m, "Live")
       .def("start",
-           [](LiveRunner& r) {
+           [](LiveWorkers& r) {
              Status st;
              {
                NativeCall nogil;
@@ -726,14 +726,14 @@ void bind_live(py::module_& m, DataplaneClass& c) {
              check(st);
            })
       .def("stop",
-           [](LiveRunner& r) {
+           [](LiveWorkers& r) {
              NativeCall nogil;
              r.stop();
            })
-      .def_property_readonly("running", &LiveRunner::running)
-      .def_property_readonly("drops_written", &LiveRunner::drops_written)
-      .def("check_drops", [](const LiveRunner& r) { check(r.drops_status()); })
-      .def("queue_stats", [](const LiveRunner& r) {
+      .def_property_readonly("running", &LiveWorkers::running)
+      .def_property_readonly("drops_written", &LiveWorkers::drops_written)
+      .def("check_drops", [](const LiveWorkers& r) { check(r.drops_status()); })
+      .def("queue_stats", [](const LiveWorkers& r) {
         py::list out;
         for (const LiveQueueStats& q : r.queue_stats()) {
           py::dict d;
@@ -765,7 +765,7 @@ void bind_live(py::module_& m, DataplaneClass& c) {
         cfg.burst = std::max<uint32_t>(1, std::min<uint32_t>(burst, kBatchMax));
         cfg.idle_ms = idle_ms;
         cfg.first_worker = first_worker;
-        return ExitSafePtr<LiveRunner>(new LiveRunner(&dp, std::move(cfg)));
+        return ExitSafePtr<LiveWorkers>(new LiveWorkers(&dp, std::move(cfg)));
       },
       py::arg("ports"), py::arg("io") = "afpacket", py::arg("burst") = kDefaultBurst, py::arg("idle_ms") = 1,
       py::arg("first_worker") = 0, py::arg("drops_pcap") = "",

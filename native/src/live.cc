@@ -21,7 +21,7 @@ int64_t mono_ns() {
 
 // A worker's transmit side: a port's frames go out of that worker's queue
 // of the port.
-class LiveRunner::Sink : public PortSink {
+class LiveWorkers::Sink : public PortSink {
  public:
   explicit Sink(std::vector<TxQueue*> by_port) : by_port_(std::move(by_port)) {}
   uint32_t send(uint32_t port, Packet* const* pkts, uint32_t n) override {
@@ -33,11 +33,11 @@ class LiveRunner::Sink : public PortSink {
   std::vector<TxQueue*> by_port_;
 };
 
-LiveRunner::LiveRunner(Dataplane* dp, LiveConfig cfg) : dp_(dp), cfg_(std::move(cfg)) {}
+LiveWorkers::LiveWorkers(Dataplane* dp, LiveConfig cfg) : dp_(dp), cfg_(std::move(cfg)) {}
 
-LiveRunner::~LiveRunner() { stop(); }
+LiveWorkers::~LiveWorkers() { stop(); }
 
-Status LiveRunner::start() {
+Status LiveWorkers::start() {
   if (running()) return Status::Error(Err::INVALID, "already running");
   Status (*open_queue)(const QueueSpec&, std::unique_ptr<PortQueue>*) = nullptr;
   if (cfg_.io == "afpacket") open_queue = open_afpacket_queue;
@@ -105,7 +105,7 @@ Status LiveRunner::start() {
   return Status::Ok();
 }
 
-void LiveRunner::stop() {
+void LiveWorkers::stop() {
   stop_.store(true);
   for (std::thread& t : threads_) t.join();
   threads_.clear();
@@ -121,18 +121,18 @@ void LiveRunner::stop() {
   }
 }
 
-void LiveRunner::set_drop_sinks(DropSink* s) {
+void LiveWorkers::set_drop_sinks(DropSink* s) {
   for (size_t w = cfg_.first_worker; w < dp_->n_workers(); w++) {
     dp_->worker(w).set_drop_sink(s);
   }
 }
 
-void LiveRunner::restore_offloads() {
+void LiveWorkers::restore_offloads() {
   for (const std::string& ifname : gro_off_) restore_receive_offloads(ifname);
   gro_off_.clear();
 }
 
-std::vector<LiveQueueStats> LiveRunner::queue_stats() const {
+std::vector<LiveQueueStats> LiveWorkers::queue_stats() const {
   std::lock_guard<std::mutex> g(queues_mu_);
   std::vector<LiveQueueStats> out;
   for (size_t pi = 0; pi < cfg_.ports.size(); pi++) {
@@ -167,7 +167,7 @@ std::vector<LiveQueueStats> LiveRunner::queue_stats() const {
 // queue that cannot be opened keeps its old socket, is reported once for
 // each new interface and tried again a second later. Its counters go on
 // from the old queue's.
-bool LiveRunner::reattach(size_t wi, int64_t now_ns) {
+bool LiveWorkers::reattach(size_t wi, int64_t now_ns) {
   constexpr int64_t kRetryNs = 1000000000;
   constexpr int kGroupTries = 8;
   bool changed = false;
@@ -216,7 +216,7 @@ bool LiveRunner::reattach(size_t wi, int64_t now_ns) {
   return changed;
 }
 
-void LiveRunner::loop(size_t wi) {
+void LiveWorkers::loop(size_t wi) {
   Worker& w = dp_->worker(cfg_.first_worker + wi);
   auto& qs = queues_[wi];
   uint32_t max_port = 0;

@@ -67,12 +67,12 @@ struct LiveQueueStats {
   QueueCounters c;
 };
 
-class LiveRunner {
+class LiveWorkers {
  public:
-  LiveRunner(Dataplane* dp, LiveConfig cfg);
-  ~LiveRunner();
-  LiveRunner(const LiveRunner&) = delete;
-  LiveRunner& operator=(const LiveRunner&) = delete;
+  LiveWorkers(Dataplane* dp, LiveConfig cfg);
+  ~LiveWorkers();
+  LiveWorkers(const LiveWorkers&) = delete;
+  LiveWorkers& operator=(const LiveWorkers&) = delete;
 
   // Opens every queue of every worker first (any error, nothing runs), then
   // starts the threads.

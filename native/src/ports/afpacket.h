@@ -18,7 +18,7 @@
 // more than the copy it saves.)
 // The interface is put in promiscuous mode (a membership, dropped with the
 // socket) and GRO, the receive offload that merges frames, is turned off for
-// as long as dpu runs (LiveRunner turns it back on at stop; LRO is off on
+// as long as dpu runs (LiveWorkers turns it back on at stop; LRO is off on
 // veth and forwarding hosts already).
 //
 // Offloads a local sender left undone: with PACKET_VNET_HDR the kernel says,
@@ -111,7 +111,7 @@ class AfPacketQueue : public PortQueue {
 bool disable_receive_offloads(const std::string& ifname);
 void restore_receive_offloads(const std::string& ifname);
 
-// The live runner's factory (live.cc): an AF_PACKET queue for spec.
+// LiveWorkers' factory (live.cc): an AF_PACKET queue for spec.
 Status open_afpacket_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>* out);
 
 }  // namespace dpu

@@ -11,7 +11,7 @@
 //
 // Per (port, worker): one UMEM (4 KiB chunks) and one XSK bound to the
 // receive queue numbered like the worker, so N workers need N queues (the
-// live runner's preflight says so before anything starts; an interface with
+// LiveWorkers' preflight says so before anything starts; an interface with
 // more queues than workers hands what lands on the others to the kernel).
 // The kernel picks zero-copy where the driver can, copy mode elsewhere
 // (veth: copy). Receive copies each frame out of the UMEM into a pool
@@ -45,7 +45,7 @@
 
 namespace dpu {
 
-// The live runner's factory (live.cc): an AF_XDP queue for spec.
+// LiveWorkers' factory (live.cc): an AF_XDP queue for spec.
 Status open_afxdp_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>* out);
 
 }  // namespace dpu

@@ -68,12 +68,12 @@ class TxQueue {
 };
 
 // One worker's queue of a Linux interface: both directions, and what the
-// backend counted. The live runner opens one per (attached port, worker).
+// backend counted. LiveWorkers opens one per (attached port, worker).
 class PortQueue : public RxQueue, public TxQueue {
  public:
   // Still bound to its interface: false once the interface was unregistered
   // (deleted, or moved to another namespace, even if it comes back with the
-  // same index). The live runner then opens the queue again.
+  // same index). LiveWorkers then opens the queue again.
   virtual bool bound() const { return true; }
   QueueCounters counters;
 };
