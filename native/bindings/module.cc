@@ -29,6 +29,7 @@
 #include "dpu/mem.h"
 #include "../src/live.h"
 #include "../src/merge_runs.h"
+#include "../src/ports/backend.h"
 #include "../src/ports/gso.h"
 #include "../src/ports/traffic.h"
 #include "../src/runner.h"
@@ -496,12 +497,11 @@ void bind_seam_facts(py::module_& m) {
   m.attr("DEFAULT_BURST") = kDefaultBurst;  // frames a worker takes from a queue at a time (batch.h)
   m.attr("MAX_BURST") = kBatchMax;
   // The live I/O backends this build can open (`dpu demo` names them): AF_XDP only where
-  // setup.py found libxdp and libbpf.
-#ifdef DPU_HAVE_AFXDP
-  m.attr("IO_BACKENDS") = py::make_tuple("afpacket", "afxdp");
-#else
-  m.attr("IO_BACKENDS") = py::make_tuple("afpacket");
-#endif
+  // setup.py found libxdp and libbpf (ports/backend.h, the registry).
+  py::list io;
+  for (const IoBackend* b : io_backends())
+    if (b->built()) io.append(b->name());
+  m.attr("IO_BACKENDS") = py::tuple(io);
 }
 
 // The cycle counter's calibration and the native self-tests (tests/test_selftest.py).

@@ -39,12 +39,10 @@ LiveWorkers::~LiveWorkers() { stop(); }
 
 Status LiveWorkers::start() {
   if (running()) return Status::Error(Err::INVALID, "already running");
-  Status (*open_queue)(const QueueSpec&, std::unique_ptr<PortQueue>*) = nullptr;
-  if (cfg_.io == "afpacket") open_queue = open_afpacket_queue;
-  else if (cfg_.io == "afxdp") open_queue = open_afxdp_queue;
-  else return Status::Error(Err::INVALID, "unknown I/O backend '" + cfg_.io + "' (afpacket, afxdp)");
+  const IoBackend* io = find_io_backend(cfg_.io);
+  if (!io) return Status::Error(Err::INVALID, "unknown I/O backend '" + cfg_.io + "' (" + io_backend_names() + ")");
   if (cfg_.first_worker >= dp_->n_workers()) return Status::Error(Err::INVALID, "no worker left for the ports");
-  open_queue_ = open_queue;
+  io_ = io;
   const size_t n_workers = dp_->n_workers() - cfg_.first_worker;
   queues_.clear();
   queues_.resize(n_workers);
@@ -56,12 +54,10 @@ Status LiveWorkers::start() {
   const int fanout_base = (getpid() & 0xfff) << 4;
   for (size_t pi = 0; pi < cfg_.ports.size(); pi++) {
     const LivePort& lp = cfg_.ports[pi];
-    if (disable_receive_offloads(lp.ifname)) gro_off_.push_back(lp.ifname);
-    // AF_PACKET: one socket per worker (a fanout group spreads the flows).
-    // AF_XDP: one socket per receive queue of the interface, queue i on
-    // worker i mod N, so no queue's frames are left to the kernel.
-    size_t n = n_workers;
-    if (cfg_.io == "afxdp") n = std::max<size_t>(n, interface_queues(lp.ifname));
+    gro_.turn_off(lp.ifname);
+    // Queue i on worker i mod N (AF_XDP: every receive queue of the
+    // interface, so no queue's frames are left to the kernel).
+    const size_t n = io->queues(lp.ifname, static_cast<uint32_t>(n_workers));
     for (size_t i = 0; i < n; i++) {
       const size_t w = i % n_workers;
       QueueSpec spec;
@@ -74,10 +70,10 @@ Status LiveWorkers::start() {
       spec.group = static_cast<int>((fanout_base + pi) & 0xffff);
       std::unique_ptr<PortQueue> q;
       const int ifindex = static_cast<int>(if_nametoindex(lp.ifname.c_str()));
-      Status st = open_queue(spec, &q);
+      Status st = io->open(spec, &q);
       if (!st.ok()) {
         queues_.clear();
-        restore_offloads();
+        gro_.restore();
         return st;
       }
       queues_[w].push_back(std::move(q));
@@ -95,7 +91,7 @@ Status LiveWorkers::start() {
     if (!st.ok()) {
       drops_.reset();
       queues_.clear();
-      restore_offloads();
+      gro_.restore();
       return st;
     }
     set_drop_sinks(drops_.get());
@@ -113,7 +109,7 @@ void LiveWorkers::stop() {
     for (auto& q : qs) q->refresh_counters();
   // Counts made since the last housekeeping reach the rules.
   dp_->sync_stats();
-  restore_offloads();
+  gro_.restore();
   if (drops_) {
     set_drop_sinks(nullptr);
     Status st = drops_->close();
@@ -125,11 +121,6 @@ void LiveWorkers::set_drop_sinks(DropSink* s) {
   for (size_t w = cfg_.first_worker; w < dp_->n_workers(); w++) {
     dp_->worker(w).set_drop_sink(s);
   }
-}
-
-void LiveWorkers::restore_offloads() {
-  for (const std::string& ifname : gro_off_) restore_receive_offloads(ifname);
-  gro_off_.clear();
 }
 
 std::vector<LiveQueueStats> LiveWorkers::queue_stats() const {
@@ -157,44 +148,22 @@ std::vector<LiveQueueStats> LiveWorkers::queue_stats() const {
 // Each worker replaces only its own queues, so the forwarding loop reads them
 // without a lock. A queue is opened again when its interface has a new index
 // or its socket lost its binding (the interface was unregistered: deleted,
-// or moved to another namespace and back with the same index). All the
-// workers' new AF_PACKET sockets of an interface join one new fanout group
-// (a socket cannot leave its group, and the old group belongs to the old
-// device), the first of a fixed sequence of numbers from the new index that
-// the kernel accepts: every worker walks the same sequence, so they meet in
-// one group even if a number is taken. An AF_XDP interface must come back
-// with the queues dpu started with (each worker binds the ones it had). A
-// queue that cannot be opened keeps its old socket, is reported once for
-// each new interface and tried again a second later. Its counters go on
-// from the old queue's.
+// or moved to another namespace and back with the same index), as its
+// backend's reattach policy says (IoBackend::reopen). A queue that cannot be
+// opened keeps its old socket, is reported once for each new interface and
+// tried again a second later. Its counters go on from the old queue's.
 bool LiveWorkers::reattach(size_t wi, int64_t now_ns) {
   constexpr int64_t kRetryNs = 1000000000;
-  constexpr int kGroupTries = 8;
   bool changed = false;
   for (size_t k = 0; k < queues_[wi].size(); k++) {
-    QueueSpec spec = queue_spec_[wi][k];
+    const QueueSpec& spec = queue_spec_[wi][k];
     const int idx = static_cast<int>(if_nametoindex(spec.ifname.c_str()));
     if (!idx) continue;  // gone: what would be sent to it is counted, as for a link that is down
     if (idx == queue_ifindex_[wi][k] && queues_[wi][k]->bound()) continue;
     if (now_ns < queue_retry_[wi][k]) continue;
-    if (disable_receive_offloads(spec.ifname)) {  // frames as on the wire, as at start; back on at stop()
-      std::lock_guard<std::mutex> g(queues_mu_);
-      if (std::find(gro_off_.begin(), gro_off_.end(), spec.ifname) == gro_off_.end()) gro_off_.push_back(spec.ifname);
-    }
+    gro_.turn_off(spec.ifname);  // frames as on the wire, as at start; back on at stop()
     std::unique_ptr<PortQueue> q;
-    Status st;
-    const uint32_t nq = cfg_.io == "afxdp" ? interface_queues(spec.ifname) : 0;
-    if (nq && nq != spec.n_queues) {
-      st = Status::Error(Err::INVALID, "it has " + std::to_string(nq) + " queue(s), dpu started with " +
-                                           std::to_string(spec.n_queues) + " (restart dpu to use them)");
-    } else {
-      const uint32_t base = static_cast<uint32_t>(queue_spec_[wi][k].group);
-      for (int t = 0; t < kGroupTries; t++) {
-        spec.group = static_cast<int>((base + (static_cast<uint32_t>(idx) + t) * 40503u) & 0xffff);
-        st = open_queue_(spec, &q);
-        if (st.ok() || cfg_.io != "afpacket") break;
-      }
-    }
+    const Status st = io_->reopen(spec, idx, &q);
     if (!st.ok()) {
       if (queue_failed_[wi][k] != idx)
         std::fprintf(stderr, "dpu: warning: interface %s (queue %u) was created again; not reattached: %s\n",

@@ -39,8 +39,8 @@
 
 #include "dataplane.h"
 #include "drop_writer.h"
-#include "ports/afpacket.h"
-#include "ports/afxdp.h"
+#include "ports/backend.h"
+#include "ports/gso.h"
 
 namespace dpu {
 
@@ -51,7 +51,7 @@ struct LivePort {
 
 struct LiveConfig {
   std::vector<LivePort> ports;
-  std::string io = "afpacket";  // or "afxdp"
+  std::string io = "afpacket";  // a backend's name (ports/backend.h)
   uint32_t first_worker = 0;     // workers first_worker.. run the ports (0 may be kept for API calls)
   uint32_t burst = kDefaultBurst;
   uint32_t idle_ms = 1;
@@ -103,11 +103,10 @@ class LiveWorkers {
   // Held while a worker replaces a queue (reattach) and while queue_stats()
   // reads them: never on the forwarding path.
   mutable std::mutex queues_mu_;
-  Status (*open_queue_)(const QueueSpec&, std::unique_ptr<PortQueue>*) = nullptr;
+  const IoBackend* io_ = nullptr;  // cfg_.io's
   std::vector<std::thread> threads_;
   std::atomic<bool> stop_{false};
-  std::vector<std::string> gro_off_;  // interfaces whose GRO start() turned off: back on at stop()
-  void restore_offloads();
+  GroOff gro_;  // interfaces whose GRO start() or a reattach turned off: back on at stop()
   std::unique_ptr<PcapngDropWriter> drops_;
   Status drops_status_;
   void set_drop_sinks(DropSink* s);

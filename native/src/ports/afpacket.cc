@@ -3,7 +3,6 @@
 #include "afpacket.h"
 
 #include <arpa/inet.h>
-#include <linux/ethtool.h>
 #include <linux/if_ether.h>
 #include <linux/if_packet.h>
 #include <linux/sockios.h>
@@ -29,16 +28,6 @@ Status sys_error(const std::string& ifname, const char* what, int err) {
   return Status::Error(Err::IO, msg);
 }
 
-void ethtool_set(int fd, const std::string& ifname, uint32_t cmd, uint32_t value) {
-  ethtool_value ev{};
-  ev.cmd = cmd;
-  ev.data = value;
-  ifreq ifr{};
-  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
-  ifr.ifr_data = reinterpret_cast<char*>(&ev);
-  ioctl(fd, SIOCETHTOOL, &ifr);  // best effort: not every device has every offload
-}
-
 // The kernel keeps a received frame's VLAN tag aside: put it back where it was.
 void put_tag_back(uint8_t* d, const uint8_t* frame, uint32_t len, const tpacket3_hdr* h) {
   std::memcpy(d, frame, 12);
@@ -49,27 +38,6 @@ void put_tag_back(uint8_t* d, const uint8_t* frame, uint32_t len, const tpacket3
 }
 
 }  // namespace
-
-bool disable_receive_offloads(const std::string& ifname) {
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  if (fd < 0) return false;
-  ethtool_value ev{};
-  ev.cmd = ETHTOOL_GGRO;
-  ifreq ifr{};
-  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
-  ifr.ifr_data = reinterpret_cast<char*>(&ev);
-  const bool was_on = ioctl(fd, SIOCETHTOOL, &ifr) == 0 && ev.data != 0;
-  if (was_on) ethtool_set(fd, ifname, ETHTOOL_SGRO, 0);
-  close(fd);
-  return was_on;
-}
-
-void restore_receive_offloads(const std::string& ifname) {
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  if (fd < 0) return;
-  ethtool_set(fd, ifname, ETHTOOL_SGRO, 1);
-  close(fd);
-}
 
 AfPacketQueue::~AfPacketQueue() {
   if (ring_) munmap(ring_, ring_bytes_);
@@ -193,14 +161,7 @@ uint32_t AfPacketQueue::rx_burst(PacketPool& pool, Packet** pkts, uint32_t max, 
     const bool tagged = (h->tp_status & TP_STATUS_VLAN_VALID) != 0;
     const uint32_t need = len + (tagged ? 4 : 0);
     const uint64_t ts = static_cast<uint64_t>(h->tp_sec) * 1000000000ull + h->tp_nsec;
-    FrameOffload off;
-    if (vnet_) {
-      VnetHdr vh;
-      std::memcpy(&vh, frame - sizeof vh, sizeof vh);
-      off = decode_vnet(vh, tagged ? 4 : 0);
-    } else if (h->tp_status & TP_STATUS_CSUMNOTREADY) {
-      off.csum_start = -2;  // somewhere: at the L4 header
-    }
+    const FrameOffload off = frame_offload(frame, vnet_, (h->tp_status & TP_STATUS_CSUMNOTREADY) != 0, tagged ? 4 : 0);
     bool taken = true;
     if (h->tp_snaplen < h->tp_len) {
       counters.rx_too_long++;
@@ -302,15 +263,47 @@ uint32_t AfPacketQueue::tx_burst(Packet* const* pkts, uint32_t n) {
   return sent;
 }
 
-Status open_afpacket_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>* out) {
-  AfPacketConfig ac;
-  ac.ifname = spec.ifname;
-  ac.ofport = spec.ofport;
-  ac.fanout_id = spec.n_workers > 1 ? spec.group : -1;
-  auto q = std::make_unique<AfPacketQueue>();
-  Status st = q->open(ac);
-  if (st.ok()) *out = std::move(q);
-  return st;
+namespace {
+
+class AfPacketBackend final : public IoBackend {
+ public:
+  const char* name() const override { return "afpacket"; }
+  bool built() const override { return true; }
+  uint32_t queues(const std::string&, uint32_t n_workers) const override { return n_workers; }
+
+  Status open(const QueueSpec& spec, std::unique_ptr<PortQueue>* out) const override {
+    AfPacketConfig ac;
+    ac.ifname = spec.ifname;
+    ac.ofport = spec.ofport;
+    ac.fanout_id = spec.n_workers > 1 ? spec.group : -1;
+    auto q = std::make_unique<AfPacketQueue>();
+    Status st = q->open(ac);
+    if (st.ok()) *out = std::move(q);
+    return st;
+  }
+
+  // The new fanout group: the first of kGroupTries numbers, a sequence drawn
+  // from the new index, that the kernel accepts. Every worker walks the same
+  // sequence, so they meet in one group even if a number is taken.
+  Status reopen(const QueueSpec& first, int ifindex, std::unique_ptr<PortQueue>* out) const override {
+    constexpr int kGroupTries = 8;
+    QueueSpec spec = first;
+    const uint32_t base = static_cast<uint32_t>(first.group);
+    Status st;
+    for (int t = 0; t < kGroupTries; t++) {
+      spec.group = static_cast<int>((base + (static_cast<uint32_t>(ifindex) + t) * 40503u) & 0xffff);
+      st = open(spec, out);
+      if (st.ok()) break;
+    }
+    return st;
+  }
+};
+
+}  // namespace
+
+const IoBackend& afpacket_backend() {
+  static const AfPacketBackend b;
+  return b;
 }
 
 }  // namespace dpu

@@ -17,9 +17,8 @@
 // kernel builds each frame from pages of the ring, and freeing them costs
 // more than the copy it saves.)
 // The interface is put in promiscuous mode (a membership, dropped with the
-// socket) and GRO, the receive offload that merges frames, is turned off for
-// as long as dpu runs (LiveWorkers turns it back on at stop; LRO is off on
-// veth and forwarding hosts already).
+// socket); GRO is off while dpu runs (gso.h, GroOff). Opened through
+// afpacket_backend() (backend.h: queue count, reattach policy).
 //
 // Offloads a local sender left undone: with PACKET_VNET_HDR the kernel says,
 // per frame, where a checksum is still to be filled in and whether the frame
@@ -43,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "dpu/status.h"
 #include "gso.h"
 #include "port_io.h"
@@ -103,15 +103,5 @@ class AfPacketQueue : public PortQueue {
   uint8_t* pkt_ = nullptr;     // next frame header in it, or nullptr
   uint32_t left_ = 0;          // frames left in it
 };
-
-// Offloads that would merge frames before the ring sees them: off, so the
-// dataplane sees frames as they were on the wire. Best effort. Returns true
-// when GRO was on: the caller turns it back on (restore_receive_offloads)
-// when it lets the interface go.
-bool disable_receive_offloads(const std::string& ifname);
-void restore_receive_offloads(const std::string& ifname);
-
-// LiveWorkers' factory (live.cc): an AF_PACKET queue for spec.
-Status open_afpacket_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>* out);
 
 }  // namespace dpu

@@ -2,15 +2,22 @@
 // the per-(port, worker) UMEM and XSK.
 #include "afxdp.h"
 
+#include <algorithm>
+#include <string>
+
 #ifndef DPU_HAVE_AFXDP
 
 namespace dpu {
+namespace {
+
+constexpr bool kBuilt = false;
 
 Status open_afxdp_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>*) {
   return Status::Error(Err::INVALID, "interface " + spec.ifname +
                                          ": AF_XDP is not in this build (install libxdp-dev and libbpf-dev, rebuild)");
 }
 
+}  // namespace
 }  // namespace dpu
 
 #else  // DPU_HAVE_AFXDP
@@ -484,7 +491,7 @@ void AfXdpQueue::refresh_counters() {
   if (up_ && tx_pending()) kick();
 }
 
-}  // namespace
+constexpr bool kBuilt = true;
 
 Status open_afxdp_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>* out) {
   auto q = std::make_unique<AfXdpQueue>();
@@ -493,6 +500,42 @@ Status open_afxdp_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>* out) 
   return st;
 }
 
+}  // namespace
 }  // namespace dpu
 
 #endif  // DPU_HAVE_AFXDP
+
+namespace dpu {
+namespace {
+
+class AfXdpBackend final : public IoBackend {
+ public:
+  const char* name() const override { return "afxdp"; }
+  bool built() const override { return kBuilt; }
+  // Every receive queue of the interface, and at least one per worker (an
+  // interface with fewer is refused when the queue opens).
+  uint32_t queues(const std::string& ifname, uint32_t n_workers) const override {
+    return std::max(n_workers, interface_queues(ifname));
+  }
+  Status open(const QueueSpec& spec, std::unique_ptr<PortQueue>* out) const override {
+    return open_afxdp_queue(spec, out);
+  }
+  // The interface must come back with the queues dpu started with: each
+  // worker binds the ones it had.
+  Status reopen(const QueueSpec& spec, int, std::unique_ptr<PortQueue>* out) const override {
+    const uint32_t nq = interface_queues(spec.ifname);
+    if (nq && nq != spec.n_queues)
+      return Status::Error(Err::INVALID, "it has " + std::to_string(nq) + " queue(s), dpu started with " +
+                                             std::to_string(spec.n_queues) + " (restart dpu to use them)");
+    return open(spec, out);
+  }
+};
+
+}  // namespace
+
+const IoBackend& afxdp_backend() {
+  static const AfXdpBackend b;
+  return b;
+}
+
+}  // namespace dpu

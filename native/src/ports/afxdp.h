@@ -38,14 +38,7 @@
 // program's attachment, is shared under a lock.
 #pragma once
 
-#include <memory>
+#include "backend.h"
 
-#include "dpu/status.h"
-#include "port_io.h"
-
-namespace dpu {
-
-// LiveWorkers' factory (live.cc): an AF_XDP queue for spec.
-Status open_afxdp_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>* out);
-
-}  // namespace dpu
+// Opened through afxdp_backend() (backend.h); the queue class is private to
+// afxdp.cc.

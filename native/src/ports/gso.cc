@@ -1,6 +1,13 @@
-// gso.cc: partial checksums finished and super-frames cut on receive
-// (see gso.h).
+// gso.cc: GRO turned off, partial checksums finished and super-frames cut
+// on receive (see gso.h).
 #include "gso.h"
+
+#include <linux/ethtool.h>
+#include <linux/sockios.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -84,7 +91,52 @@ uint64_t set_ip(uint8_t* d, uint32_t ip, uint32_t l4, uint32_t total, bool v4, u
   return pseudo_sum(h, v4, proto, total - l4);
 }
 
+void ethtool_set(int fd, const std::string& ifname, uint32_t cmd, uint32_t value) {
+  ethtool_value ev{};
+  ev.cmd = cmd;
+  ev.data = value;
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
+  ifr.ifr_data = reinterpret_cast<char*>(&ev);
+  ioctl(fd, SIOCETHTOOL, &ifr);  // best effort: not every device has every offload
+}
+
+// GRO off; true when it was on (the caller turns it back on when it lets
+// the interface go).
+bool disable_receive_offloads(const std::string& ifname) {
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) return false;
+  ethtool_value ev{};
+  ev.cmd = ETHTOOL_GGRO;
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, ifname.c_str(), IFNAMSIZ - 1);
+  ifr.ifr_data = reinterpret_cast<char*>(&ev);
+  const bool was_on = ioctl(fd, SIOCETHTOOL, &ifr) == 0 && ev.data != 0;
+  if (was_on) ethtool_set(fd, ifname, ETHTOOL_SGRO, 0);
+  close(fd);
+  return was_on;
+}
+
+void restore_receive_offloads(const std::string& ifname) {
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0) return;
+  ethtool_set(fd, ifname, ETHTOOL_SGRO, 1);
+  close(fd);
+}
+
 }  // namespace
+
+void GroOff::turn_off(const std::string& ifname) {
+  if (!disable_receive_offloads(ifname)) return;
+  std::lock_guard<std::mutex> g(mu_);
+  if (std::find(ifnames_.begin(), ifnames_.end(), ifname) == ifnames_.end()) ifnames_.push_back(ifname);
+}
+
+void GroOff::restore() {
+  std::lock_guard<std::mutex> g(mu_);
+  for (const std::string& ifname : ifnames_) restore_receive_offloads(ifname);
+  ifnames_.clear();
+}
 
 OffloadFix offload_fix(uint32_t kind) {
   switch (kind) {

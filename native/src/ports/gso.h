@@ -1,12 +1,21 @@
-// gso.h: offloads a local sender left undone, finished on receive, in one
-// place (docs/live.md, "Offloads").
+// gso.h: receive offloads, in one place (docs/live.md, "Offloads"), for
+// every backend (ports/backend.h): GRO on our side turned off, and what a
+// local sender left undone finished.
 //
-// A sender on the far side of a veth or tap (a VM namespace, a container, a
-// Linux VXLAN VTEP) hands its frames over before "hardware" would have cut
-// them into segments or filled in their checksums. With PACKET_VNET_HDR the
-// kernel says so per frame, in a virtio_net_hdr: a GSO type and segment size
-// for a super-frame, and where a checksum left partial starts. What Linux
-// 6.18 gives a packet socket (measured, docs/live.md):
+// Our side: GRO, the receive offload that merges frames before a packet
+// socket or XDP's generic mode sees them, is turned off on every attached
+// interface for as long as dpu runs (GroOff; LiveWorkers turns it back on
+// at stop), so the dataplane sees frames as they were on the wire (LRO is off
+// on veth and forwarding hosts already).
+//
+// Their side: a sender on the far side of a veth or tap (a VM namespace, a
+// container, a Linux VXLAN VTEP) hands its frames over before "hardware"
+// would have cut them into segments or filled in their checksums. With
+// PACKET_VNET_HDR the kernel says so per frame, in a virtio_net_hdr: a GSO
+// type and segment size for a super-frame, and where a checksum left partial
+// starts (frame_offload reads it; without the header, TP_STATUS_CSUMNOTREADY
+// only says that some checksum is partial). What Linux 6.18 gives a packet
+// socket (measured, docs/live.md):
 //  - a VXLAN super-frame (outer IPv4/IPv6 + UDP + VXLAN + Ethernet + IP +
 //    TCP) carries the INNER GSO type (TCPV4 or TCPV6: there is no tunnel bit
 //    in the 10- or 12-byte header a packet socket can have), csum_start at
@@ -33,10 +42,17 @@
 //
 // Called by AfPacketQueue on its cold path (a frame marked as a super-frame,
 // or longer than the MTU without a vnet header) and by the selftest binding.
-// Pure apart from the PacketPool it is given; one cutter per queue (thread).
+// AF_XDP sees frames before the kernel could say any of this: a sender behind
+// a veth needs its offloads off (docs/live.md). The cutter is pure apart from
+// the PacketPool it is given, one per queue (thread); GroOff takes a lock of
+// its own and may be called from any thread.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "dpu/batch.h"
 
@@ -73,6 +89,20 @@ inline FrameOffload decode_vnet(const VnetHdr& vh, uint32_t tag) {
   }
   return o;
 }
+// What the kernel said about a received frame: its virtio_net_hdr, just
+// before `frame`, when the socket has PACKET_VNET_HDR (`vnet`); else only
+// whether some checksum is partial (TP_STATUS_CSUMNOTREADY: at the L4 header).
+inline FrameOffload frame_offload(const uint8_t* frame, bool vnet, bool csum_not_ready, uint32_t tag) {
+  FrameOffload o;
+  if (vnet) {
+    VnetHdr vh;
+    std::memcpy(&vh, frame - sizeof vh, sizeof vh);
+    o = decode_vnet(vh, tag);
+  } else if (csum_not_ready) {
+    o.csum_start = -2;  // somewhere: at the L4 header
+  }
+  return o;
+}
 
 // Why a super-frame was refused: one bit each, OR'd into the queue's counters.
 enum OffloadKind : uint32_t {
@@ -96,6 +126,20 @@ OffloadFix offload_fix(uint32_t kind);
 // pseudo-header sum, as the kernel leaves it), or with csum_start -2 the L4
 // checksum wherever the headers put it. Out of range: left alone.
 void finish_partial(uint8_t* d, uint32_t len, int csum_start, int csum_offset);
+
+// GRO off on the interfaces dpu receives on, and back on when it lets them go.
+class GroOff {
+ public:
+  // Off on ifname (best effort: not every device has it); remembered, once,
+  // when it was on.
+  void turn_off(const std::string& ifname);
+  // Back on wherever turn_off turned it off; forgotten.
+  void restore();
+
+ private:
+  std::mutex mu_;  // the control thread and workers reattaching
+  std::vector<std::string> ifnames_;
+};
 
 class GsoCutter {
  public:
