@@ -287,7 +287,7 @@ def test_evpn_view_lists_vnis_vteps_macs_and_routes(fabric):
     assert (b["vni"], b["l3vni"]) == (100, 4001)
     assert {"mac": MAC_X, "ip": IP_X, "vtep": VTEP_X, "source": "learned", "route": "type-2 MAC+IP"} in b["macs"]
     assert {"vtep": VTEP_X, "source": "learned", "router_mac": RMAC_X} in b["vteps"]
-    assert b["routes"] == [{"prefix": "10.9.0.0/16", "vtep": VTEP_X, "router_mac": RMAC_X, "route": "type-5 prefix"}]
+    assert b["routes"] == [{"prefix": "10.9.0.0/16", "vtep": VTEP_X, "router_mac": RMAC_X, "route": "prefix route"}]
     assert v["learned"]["blue"]["macs"] == 1 and v["transactions"] == 1
     assert v["tenants"]["red"]["macs"][0]["source"] == "local"
 
@@ -317,7 +317,7 @@ def test_trace_names_the_learned_entry_a_packet_used(fabric):
     dp, m = fabric
     m.apply(blue(macs={(100, MAC_X): VTEP_X}, rmacs={VTEP_X: RMAC_X}, routes={"10.9.0.0/16": VTEP_X}))
     text = str(m.annotate(dp.trace(udp(VM1_MAC, GW_MAC, VM1_IP, "10.9.3.3"), "vm1")))
-    assert f"learned from the fabric: type-5 prefix route 10.9.0.0/16 via {VTEP_X} (rmac {RMAC_X})" in text
+    assert f"learned from the fabric: prefix route 10.9.0.0/16 via {VTEP_X} (rmac {RMAC_X})" in text
     text = str(m.annotate(dp.trace(udp(VM1_MAC, MAC_X, VM1_IP, IP_X), "vm1")))
     assert f"learned from the fabric: type-2 MAC {MAC_X} vni 100 via {VTEP_X}" in text
     text = str(m.annotate(dp.trace(udp(VM1_MAC, VM2_MAC, VM1_IP, VM2_IP), "vm1")))

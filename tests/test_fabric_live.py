@@ -127,7 +127,7 @@ class DpuHost:
     def start(self) -> None:
         self.write()
         cmd = ["ip", "netns", "exec", self.ns, sys.executable, "-m", "dpu.cli", "run", "--config", self.config,
-               "--port", "p0=uplink", "--ctl", self.ctl]
+               "--port", "p0=uplink", "--ctl", self.ctl, "--metrics", "127.0.0.1:9479"]
         for tenant in self.spec:
             cmd += ["--port", f"r{tenant}=r{tenant}"]
         self.log = open(os.path.join(self.dir, "dpu.log"), "w")
@@ -419,3 +419,18 @@ def test_a_vm_that_moves_to_another_host_is_followed(fabric):
         host.write()
         host.ctl_call("reload")
     wait_for(lambda: at_h1() == host.ip, 60, "h1 to see the MAC back at h2")
+
+
+def test_metrics_and_trace_name_what_was_learned(fabric):
+    """Prometheus shows the learned entries and the time since the last change; dpu trace
+    --ctl names the learned entry behind a flow (here the route into red's L3 VNI)."""
+    lab, host, h1 = fabric
+    r = nsexec(host.ns, sys.executable, "-c", "import urllib.request;"
+               "print(urllib.request.urlopen('http://127.0.0.1:9479/metrics', timeout=10).read().decode())")
+    text = r.stdout
+    assert 'dpu_evpn_learned{kind="routes",tenant="red"}' in text, text[-2000:]
+    assert "dpu_evpn_transactions_total" in text and "dpu_evpn_seconds_since_change" in text
+    ep = lab.endpoint("h1", "red", 101)
+    pkt = (f'Ether(src="{VM["red"][0]}",dst="{GATEWAY_MAC}")/IP(src="{VM_IP}",dst="{ep.ip}")/UDP(dport=9)')
+    out = host.ctl_call("trace", "--in-port", "rred", pkt)
+    assert f"learned from the fabric: host route {ep.ip}/32 via {h1.vtep_ip}" in out, out

@@ -195,7 +195,7 @@ def _routes(topo: Topology, t: Tenant, got: Any, out: LearnedFlows, ck: str, md:
             return [_flow(ck, f"table={T_L3},priority={prio},{md},dl_dst={t.gateway_mac},ip,nw_dst={dst}",
                           f"mod_dl_src:{rmac_self},mod_dl_dst:{rmac.lower()},dec_ttl,set_field:{t.l3vni:#x}->tun_id,"
                           f"set_field:{vtep}->tun_dst,output:{TUNNEL_PORT}",
-                          f"{kind} route {net} via {vtep} (rmac {rmac.lower()})")]
+                          f"{kind} {net} via {vtep} (rmac {rmac.lower()})")]
         if _emit(out, ("route", t.index, prefix, vtep, rmac, kind), route_flows):
             l3_vteps[vtep] = None
             counts["routes"] += 1
@@ -203,11 +203,11 @@ def _routes(topo: Topology, t: Tenant, got: Any, out: LearnedFlows, ck: str, md:
         _emit(out, ("l3vtep", t.index, t.l3vni, vtep), lambda vtep=vtep: _vtep_flows(ck, t.l3vni, t.vni, vtep, T_L3VNI))
 
 
-def route_type(prefix: str, host_ips) -> str:
-    """What carried a route, as far as the kernel shows it: a host route for the IP of a
-    MAC+IP neighbour came with it (type 2); anything else is a prefix route (type 5)."""
-    ip, _, plen = prefix.partition("/")
-    return "type-2 host" if plen == "32" and ip in host_ips else "type-5 prefix"
+def route_type(prefix: str, host_ips=()) -> str:
+    """What a route is, as far as the kernel shows it: a host route (/32: a type-2 MAC+IP route,
+    or a type-5 /32) or a prefix route (type 5). FRR knows which route carried it; the kernel
+    route it installs does not say."""
+    return "host route" if prefix.endswith("/32") else "prefix route"
 
 
 def learned_cookie(t: Optional[Tenant] = None) -> str:
