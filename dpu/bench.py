@@ -444,17 +444,6 @@ def _churn_run(name: str, packets: int, repeat: int, progress: Optional[Progress
 
 # ---- the fabric: route churn through the mirror ----------------------------------------------
 
-EVPN_TOPOLOGY = """\
-uplink: {port: p0, ip: 172.31.0.12, mac: 02:00:00:00:00:12, nexthop_mac: 02:00:00:00:00:02, mtu: 1600}
-evpn: {asn: 65000, peers: [172.31.0.2]}
-tenants:
-  blue:
-    vni: 100
-    l3vni: 4001
-    gateway_mac: 02:a0:00:00:00:01
-    subnets: [{cidr: 10.0.0.0/24, gateway: 10.0.0.1}]
-    ports: {vm1: {mac: 02:00:00:00:01:11, ip: 10.0.0.11}}
-"""
 EVPN_MACS, EVPN_VTEPS, EVPN_ROUTES, EVPN_BURST = 10_000, 1_000, 1_000, 100
 
 
@@ -489,7 +478,9 @@ def _evpn_churn_run(packets: int, repeat: int, progress: Optional[Progress], bur
 
     allowed = sorted(os.sched_getaffinity(0))
     churn_cpus = set(allowed[:-1]) or {allowed[-1]}
-    topo = load_topology(EVPN_TOPOLOGY)
+    from .demo_fabric import TOPOLOGY   # the fabric scene's host: blue learns, red stays as it is
+
+    topo = load_topology(TOPOLOGY)
     dp = Dataplane.from_topology(topo)
     mirror = FabricMirror(dp, topo)
     t0 = time.perf_counter()

@@ -530,6 +530,14 @@ def cmd_run(args) -> int:
 # ---- commands on a running instance (--ctl) -------------------------------------------------
 
 
+def _default_ctl(args) -> None:
+    """A command that acts on a running dpu and was given no --ctl: the default socket."""
+    if not args.ctl:
+        from .live import DEFAULT_CTL
+
+        args.ctl = DEFAULT_CTL
+
+
 def _ctl(args, cmd: str, **kw):
     from .control import call
 
@@ -613,10 +621,7 @@ def cmd_show(args) -> int:
     _ctl_alone(args, "show")
     if args.flows or args.config or args.ports:
         return _show_offline(args)
-    if not args.ctl:
-        from .live import DEFAULT_CTL
-
-        args.ctl = DEFAULT_CTL
+    _default_ctl(args)
     s = _ctl(args, "show")
     if args.json:
         print(json.dumps(s, sort_keys=True))
@@ -652,10 +657,7 @@ def cmd_evpn(args) -> int:
 
         view = evpn_view(load_topology(args.config))
     else:
-        if not args.ctl:
-            from .live import DEFAULT_CTL
-
-            args.ctl = DEFAULT_CTL
+        _default_ctl(args)
         view = _ctl(args, "evpn")
     if args.json:
         print(json.dumps(view, sort_keys=True))
