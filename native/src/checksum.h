@@ -90,17 +90,6 @@ inline uint16_t csum_replace16(uint16_t hc, uint16_t old_w, uint16_t new_w) {
   return csum_apply_terms(hc, csum_term(old_w, new_w));
 }
 
-// Same for a run of bytes changing from `old_b` to `new_b` (length even, and
-// starting at an even offset from the start of the checksummed area).
-inline uint16_t csum_replace_bytes(uint16_t hc, const uint8_t* old_b, const uint8_t* new_b, size_t n) {
-  uint64_t s = static_cast<uint16_t>(~hc);
-  for (size_t i = 0; i < n; i += 2) {
-    s += static_cast<uint16_t>(~load16(old_b + i));
-    s += load16(new_b + i);
-  }
-  return static_cast<uint16_t>(~csum_fold(s));
-}
-
 // IPv4/IPv6 pseudo-header partial sums (addresses as raw bytes).
 inline uint64_t pseudo_sum_v4(const uint8_t* src, const uint8_t* dst, uint8_t proto, uint32_t l4_len) {
   uint64_t s = csum_partial(src, 4) + csum_partial(dst, 4);

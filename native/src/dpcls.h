@@ -245,10 +245,6 @@ class Dpcls {
   // a hint of the owner's (Megaflow::dead): freed by free_dead(), after the
   // owner has cleared those.
   size_t n_dead() const { return dead_.size(); }
-  template <class F>
-  void for_each_dead(F&& f) {
-    for (auto& mf : dead_) f(*mf);
-  }
   void free_dead();
 
  private:

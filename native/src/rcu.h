@@ -72,10 +72,6 @@ class Rcu {
       if (it.fn) it.fn();
     return ready.size();  // the objects go with `ready`
   }
-  size_t pending() const {
-    std::lock_guard<std::mutex> g(mu_);
-    return items_.size();
-  }
   // At destruction (no reader left): everything, deferred steps included.
   void drain() {
     std::deque<Item> all;

@@ -151,7 +151,6 @@ class PacketPool {
   // A packet that can hold `len` frame bytes, or nullptr.
   Packet* get_for(uint32_t len) { return len <= Packet::capacity() ? get() : get_big(); }
   void put(Packet* p) { (p->big ? free_big_ : free_).push_back(p); }
-  uint32_t available() const { return static_cast<uint32_t>(free_.size()); }
   uint32_t size() const { return n_; }
   uint32_t big_size() const { return static_cast<uint32_t>(big_.size()); }
   // Copy of p (metadata and frame) or nullptr when the pool is empty.

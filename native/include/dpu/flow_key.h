@@ -270,8 +270,4 @@ inline void flow_or_into(Flow& dst, const Flow& m) {
   for (size_t i = 0; i < kFlowWords; i++) d[i] |= x[i];
 }
 
-inline bool key_equal(const Flow& a, const Flow& b) {
-  return std::memcmp(&a, &b, kKeyBytes) == 0;
-}
-
 }  // namespace dpu

@@ -43,7 +43,6 @@ class PcapReader {
   int64_t records() const { return records_; }  // packet records returned so far
   uint64_t offset() const { return file_pos_ - (end_ - pos_); }
   uint64_t size() const { return size_; }
-  bool nanosecond() const { return nsec_; }
   void close();
 
  private:

@@ -141,14 +141,6 @@ struct FlowSpec {
   uint32_t out_group = kGroupNone;
 };
 
-// Does the rule match flow `f` (value compared under the rule's mask)?
-inline bool match_flow(const Match& m, const Flow& f) {
-  const word_t*v = words(m.value), *k = words(m.mask), *x = words(f);
-  for (size_t i = 0; i < kFlowWords; i++)
-    if ((x[i] & k[i]) != v[i]) return false;
-  return true;
-}
-
 // Is every flow matched by `narrow` also matched by `wide` (ofctl non-strict)?
 inline bool match_covers(const Match& wide, const Match& narrow) {
   const word_t*wv = words(wide.value), *wm = words(wide.mask), *nv = words(narrow.value),

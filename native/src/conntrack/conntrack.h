@@ -335,9 +335,6 @@ class Conntrack {
   static int64_t stamp(uint64_t ts_ns) {
     return ts_ns >= static_cast<uint64_t>(kMaxStamp) ? kMaxStamp : static_cast<int64_t>(ts_ns);
   }
-  // Expiry from outside the workers (dumps, counters): a bounded slice of
-  // every worker's wheel that is not busy.
-  void expire(int64_t now, size_t budget) { sweep_others(nullptr, now, budget); }
   void set_origin(int64_t mono) { origin_ = mono; }
   // tag_matches() against tag_matches_plain() on random buckets: mismatches.
   static uint64_t selftest_tag_matches(uint64_t iterations, uint64_t seed);
@@ -433,8 +430,6 @@ class Conntrack {
   void exec(Conn* c, const CtSpec& spec) const;
   uint16_t admit(uint16_t zone);  // counts a new connection in, or the drop reason
   void release(uint16_t zone);
-  Conn* create(CtWorker& w, const CtPacket& cp, const CtSpec& spec, const NatRange& nat, bool eif_target,
-               uint32_t dnat_addr, uint16_t dnat_port, int64_t now, uint16_t* drop);
   // The result's connection, mark, label and original tuple: from the
   // connection's keys, or, with `other` (execute_known), from the packet's
   // tuple and the other key's translation, without reading the keys.

@@ -154,7 +154,6 @@ class GsoCutter {
   // the pool runs dry. busy() until the last one is out.
   uint32_t take(PacketPool& pool, Packet** pkts, uint32_t room);
   bool busy() const { return next_ < count_; }
-  uint32_t segments() const { return count_; }
 
  private:
   uint32_t write(uint32_t i, uint8_t* d) const;
