@@ -9,6 +9,7 @@ made inside functions (a circle held together by a lazy import is still a circle
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -180,3 +181,44 @@ def test_functions_are_short_and_stages_do_not_see_the_dataplane(tool):
     no stage of the worker includes dataplane.h, directly or through another header."""
     r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", tool)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _tree_copy(tmp_path, *tops):
+    """A copy of tools/ and of the given folders, where a tool reads the copy (its root is
+    the folder above its own)."""
+    for top in ("tools",) + tops:
+        shutil.copytree(os.path.join(ROOT, top), tmp_path / top, ignore=shutil.ignore_patterns("build", "*.so"))
+    return tmp_path
+
+
+def _tool(root, tool):
+    return subprocess.run([sys.executable, str(root / "tools" / tool)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("where, header", [
+    ("stage.h", "tunnel_term.h"),               # a header next to the stages
+    ("worker.h", "conntrack/conn.h"),           # one in a folder, included from its neighbour there
+])
+def test_includes_finds_dataplane_h_behind_another_header(tmp_path, where, header):
+    root = _tree_copy(tmp_path, "native")
+    h = root / "native" / "src" / header
+    up = "../" * header.count("/")
+    h.write_text(h.read_text().replace("#pragma once", f'#pragma once\n#include "{up}dataplane.h"', 1))
+    r = _tool(root, "includes.py")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"{where} reaches dataplane.h: " in r.stderr and f"{header} -> dataplane.h" in r.stderr, r.stderr
+
+
+def test_fnlen_finds_a_long_function_of_each_language(tmp_path):
+    root = _tree_copy(tmp_path)
+    (root / "native" / "src").mkdir(parents=True)
+    (root / "dpu").mkdir()
+    body = "".join(f"  x += {i};\n" for i in range(160))
+    (root / "native" / "src" / "long.cc").write_text(
+        "namespace dpu {\nstruct S {\n  int f() const { return 1; }\n};\n"
+        f"int Long::g(int a, const char* s) const {{\n  int x = a;\n  if (s) {{ x++; }}\n{body}  return x;\n}}\n}}\n")
+    (root / "dpu" / "long.py").write_text(
+        "def short():\n    return 1\n\n\ndef long_one():\n" + "".join(f"    x = {i}\n" for i in range(160)))
+    r = _tool(root, "fnlen.py")
+    assert r.returncode == 1
+    assert r.stdout.splitlines() == ["  165  native/src/long.cc:5  Long::g", "  161  dpu/long.py:5  long_one"], r.stdout

@@ -20,12 +20,24 @@ STAGES = ["worker.h", "worker.cc", "stage.h", "classify.h", "upcall.h", "upcall.
 _INC = re.compile(r'^#include "([^"]+)"', re.M)
 
 
+def resolve(name: str, inc: str) -> str:
+    """The file `#include "inc"` in native/src/name means, as the compiler finds it: next to
+    the including file first (conntrack/conntrack.h's "conn.h" is conntrack/conn.h), then in
+    native/src; named relative to native/src. "" for a public header (native/include/dpu)."""
+    for base in (os.path.dirname(os.path.join(SRC, name)), SRC):
+        path = os.path.normpath(os.path.join(base, inc))
+        if path.startswith(SRC + os.sep) and os.path.isfile(path):
+            return os.path.relpath(path, SRC)
+    return ""
+
+
 def includes(name: str) -> list:
     path = os.path.join(SRC, name)
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as f:
-        return [i for i in _INC.findall(f.read()) if not i.startswith("dpu/")]
+        found = (resolve(name, i) for i in _INC.findall(f.read()))
+        return list(dict.fromkeys(i for i in found if i))
 
 
 def reaches(name: str, target: str, seen=None) -> list:
