@@ -1,6 +1,6 @@
 """The I/O backends as the native registry has them (native/src/ports/backend.h): one list names
 every backend, built into this binary or not, and feeds both the binding's IO_BACKENDS (the
-built ones) and the live runner's answer to a name that is none. The backends' behaviour on
+built ones) and ``LiveWorkers``' answer (``_core.Live``) to a name that is none. The backends' behaviour on
 real interfaces (open, queue counts, reattach after an interface is created again, GRO off and
 back on) is tested in test_live.py and test_afxdp.py."""
 import pytest
