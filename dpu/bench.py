@@ -234,15 +234,17 @@ def _feed(dp, pkts, port: str) -> None:
     dp._core.bench(pkts.data.tobytes(), pkts.offsets, pkts.lengths, ports, len(pkts))
 
 
-def _snat_established(n_conns: int):
+def _snat_established(n_conns: int, dp: Any = None):
     """n_conns connections, half UDP and half TCP, from one internal host
     (10.0.0.1, 64 source ports: the NAT keeps them) to as many remote
     endpoints; each made established by the real exchange (UDP: a reply;
     TCP: SYN, SYN-ACK, ACK) before the measured traffic: 64-byte packets of
-    the internal side, one per connection."""
-    dp = Dataplane(ports=["lan", "wan"])
+    the internal side, one per connection. ``dp``: a dataplane whose flows
+    do the same SNAT (sg-est: a compiled topology), instead of SNAT_FLOWS."""
+    if dp is None:
+        dp = Dataplane(ports=["lan", "wan"])
+        dp.add_flows(SNAT_FLOWS.format(pool="203.0.113.1"))
     dp.ct_config(max_connections=max(2 * n_conns, 1 << 20))
-    dp.add_flows(SNAT_FLOWS.format(pool="203.0.113.1"))
     half = n_conns // 2
     hosts = max(1, (half + 63) // 64)
     dst = f"198.18.0.0-{_ip(_ipint('198.18.0.0'), hosts - 1)}"
@@ -270,6 +272,35 @@ def _snat_established(n_conns: int):
     ports = np.full(len(pkts), dp.port_number("lan"), dtype=np.uint32)
     return dp, pkts, ports, {"flows": len(pkts), "rules": len(dp.dump_flows()), "connections": ct["connections"],
                              "bytes_per_conn": ct["bytes_per_connection"]}
+
+
+def _sg_topology(n_rules: int) -> dict:
+    """The snat-est traffic's machine (10.0.0.1 on port lan, gateway MAC the traffic's) as a
+    tenant port whose security group has n_rules rules, half ingress and half egress (among
+    them the udp 53 and tcp 80 its connections take), behind the tenant's SNAT to wan."""
+    half = n_rules // 2
+    ingress = [{"proto": "tcp", "ports": 1000 + i, "from": f"192.168.{i % 256}.0/24"} for i in range(half)]
+    egress = [{"proto": "udp", "ports": 53, "to": "0.0.0.0/0"}, {"proto": "tcp", "ports": 80, "to": "0.0.0.0/0"}]
+    egress += [{"proto": "tcp", "ports": f"{8000 + 10 * i}-{8009 + 10 * i}", "to": f"10.{i % 256}.0.0/16"}
+               for i in range(n_rules - half - 2)]
+    return {
+        "uplink": {"port": "p0", "ip": "192.0.2.1", "mac": "02:00:00:00:00:01", "nexthop_mac": "02:00:00:00:00:02"},
+        "internet": {"port": "wan", "mac": "02:00:00:00:0f:02", "nexthop_mac": "02:00:00:00:0e:01"},
+        "tenants": {"bench": {
+            "vni": 1, "gateway_mac": "02:00:00:00:0f:01", "subnets": [{"cidr": "10.0.0.0/24", "gateway": "10.0.0.254"}],
+            "security_groups": {"servers": {"ingress": ingress, "egress": egress}},
+            "ports": {"lan": {"mac": "02:00:00:00:0a:01", "ip": "10.0.0.1", "security_groups": ["servers"]}},
+            "nat": {"snat": "203.0.113.1"},
+            "limits": {"connections": 1 << 20}}},
+    }
+
+
+def _sg_established(n_conns: int, n_rules: int = 100):
+    """snat-est's traffic and connections (_snat_established) through the compiled
+    topology of _sg_topology: each connection was judged by the group once, at its
+    first packet; the measured packets are established ones."""
+    dp = Dataplane.from_topology(_sg_topology(n_rules))
+    return _snat_established(n_conns, dp)
 
 
 def _snat_new():
@@ -554,9 +585,11 @@ BUILDERS: Dict[str, Callable[[], Tuple[Any, Any, Any, dict]]] = {
     "snat-new": _snat_new,
     "snat-1m": lambda: _snat_established(1_000_000),
     "snat-est-1k": lambda: _snat_established(1_000),
+    "sg-est-1k": lambda: _sg_established(1_000),
 }
 SCENARIOS = list(BUILDERS) + ["replay-10m", "churn-1k", "churn-hit-1k", "evpn-churn"]
 TARGET_RATIO = {"churn-1k": 0.95, "churn-hit-1k": 0.70}  # of l3-rewrite-1k in the same run
+SG_TARGET_RATIO = 0.90  # sg-est-1k of snat-est-1k in the same run
 TARGETS_MPPS = {"l3-rewrite-1k": 25, "l3-rewrite-100k": 10, "l3-rewrite-1m": 5, "rules-10k": 15, "replay-10m": 5,
                 "vxlan-encap-1k": 20, "vxlan-decap-1k": 20, "tenants-1k": 10, "snat-est-10k": 12, "snat-1m": 6,
                 "snat-new": 1.5}
@@ -626,6 +659,22 @@ def _tsc_hz() -> float:
     return _TSC
 
 
+def _against_snat(dp, pkts, ports, res: dict, packets: int, repeat: int, burst: int) -> dict:
+    """sg-est-1k against snat-est-1k in the same run: one measured run of each in turn,
+    `repeat` times (the sg runs already made count as the first turn's); the ratio of
+    the medians, with its target."""
+    sdp, spkts, sports, _ = BUILDERS["snat-est-1k"]()
+    sg_runs, snat_runs = list(res["runs_mpps"][:1]), []
+    for i in range(repeat):
+        snat_runs.append(measure(sdp, spkts, sports, packets, 1, burst=burst)["mpps"])
+        if i + 1 < repeat:
+            sg_runs.append(measure(dp, pkts, ports, packets, 1, burst=burst)["mpps"])
+    sg, snat = statistics.median(sg_runs), statistics.median(snat_runs)
+    return {"mpps": round(sg, 3), "ns_per_packet": round(1e3 / sg, 2), "runs_mpps": sg_runs,
+            "snat_est_1k_mpps": round(snat, 3), "snat_est_1k_runs_mpps": snat_runs,
+            "ratio": round(sg / snat, 3) if snat else None, "target_ratio": SG_TARGET_RATIO}
+
+
 def _upcall_rate(dp, pkts, ports) -> float:
     """Slow-path throughput: with no megaflow installed every packet is an upcall."""
     data = pkts.data.tobytes()
@@ -667,6 +716,8 @@ def run(name: str, packets: Optional[int] = None, repeat: int = 5, stages: bool 
             res["expired"] = ct1["expired"] - ct0["expired"]
     if name == "rules-10k":
         res["upcall_mpps"] = round(_upcall_rate(dp, pkts, ports) / 1e6, 4)
+    if name == "sg-est-1k":
+        res.update(_against_snat(dp, pkts, ports, res, n, repeat, burst))
     res["target_mpps"] = TARGETS_MPPS.get(name)
     return res
 
@@ -730,6 +781,9 @@ def render(res: dict) -> str:
         line += (f"  changes={res['changes']} ({res['changes_per_s']:.0f}/s, "
                  f"{res['megaflows_revalidated']} megaflows dropped)"
                  f"  {res['ratio']:.0%} of l3-rewrite-1k ({res['l3_rewrite_1k_mpps']} Mpps; target {res['target_ratio']:.0%})")
+    if "snat_est_1k_mpps" in res:
+        line += (f"  {res['ratio']:.0%} of snat-est-1k in the same run ({res['snat_est_1k_mpps']} Mpps; "
+                 f"target {res['target_ratio']:.0%})")
     if "checked" in res:
         line += f"  checked={res['checked']} wrong_version={res['wrong_version']}"
     if "route_changes" in res:

@@ -609,8 +609,9 @@ def cmd_stats(args) -> int:
 
 def cmd_reload(args) -> int:
     r = _ctl(args, "reload")
+    cut = f", {r['connections_cut']} connections cut (security groups)" if "connections_cut" in r else ""
     print(f"reloaded: {r.get('flows_added', 0)} flows added, {r.get('flows_deleted', 0)} deleted, "
-          f"version {r.get('version')}")
+          f"version {r.get('version')}{cut}")
     for name in r.get("detached", []):
         print(f"dpu: warning: port {name} is gone from the topology; its interface no longer forwards",
               file=sys.stderr)

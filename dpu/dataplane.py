@@ -92,10 +92,11 @@ class Connection(str):
     expires_in: float     # seconds until it expires if idle
     snat: bool
     dnat: bool
+    key: bytes            # the original direction's key, for Dataplane.ct_flush(keys=...)
 
     def __new__(cls, d: dict):
         self = super().__new__(cls, d["text"])
-        for k in ("proto", "zone", "orig", "reply", "mark", "label", "state", "expires_in", "snat", "dnat"):
+        for k in ("proto", "zone", "orig", "reply", "mark", "label", "state", "expires_in", "snat", "dnat", "key"):
             setattr(self, k, d[k])
         return self
 
@@ -617,6 +618,12 @@ class Dataplane:
         t.set_ct_config(timeouts=comp.topology.ct_timeouts, max_connections=comp.topology.ct_max_connections)
         result = t.commit()  # all of it, or (an error) none of it
         self.topology = comp
+        if any(x.security for x in comp.topology.tenants.values()):
+            from .topology.security_flows import cut_connections
+            # what the new security groups no longer allow is cut now, not when it idles out
+            cut = cut_connections(self, comp.topology)
+            if isinstance(result, dict):
+                result["connections_cut"] = cut
         return result
 
     # ---- transactions ----------------------------------------------------------------
@@ -786,7 +793,12 @@ class Dataplane:
         datapath actions, and what the datapath then emitted. Counters are untouched."""
         r = self._core.trace(_to_bytes(packet), self._input_port(in_port))
         passes = [TracePass(**p) for p in r["passes"]]
-        return Trace(passes, list(r["outputs"]), r["drop_reason"])
+        tr = Trace(passes, list(r["outputs"]), r["drop_reason"])
+        tenants = list(self.topology.topology.tenants.values()) if self.topology is not None else []
+        if any(t.security for t in tenants):
+            from .topology.security_flows import annotate_trace
+            annotate_trace(tr, tenants)
+        return tr
 
     def replay(
         self,
@@ -830,8 +842,13 @@ class Dataplane:
                     {"table": t, "active": active, "lookups": lookups, "matches": matches, "misses": lookups - matches}
                 )
         # workers_total: the sum of the workers' counters; "pmd" is its old name, kept for scripts
-        return {"ports": ports, "tables": tables, "tenants": tenants, "workers_total": raw["workers_total"],
-                "pmd": raw["pmd"], "workers": raw["workers"], "conntrack": self._core.ct_stats()}
+        st = {"ports": ports, "tables": tables, "tenants": tenants, "workers_total": raw["workers_total"],
+              "pmd": raw["pmd"], "workers": raw["workers"], "conntrack": self._core.ct_stats()}
+        if self.topology is not None and any(t.security for t in self.topology.topology.tenants.values()):
+            from .topology import TOPOLOGY_COOKIE
+            from .topology.security_flows import security_counters
+            st["security_groups"] = security_counters(self, TOPOLOGY_COOKIE)   # hits per rule, denials per port
+        return st
 
     def set_tenants(self, tenants: Sequence[Tuple[str, int]]) -> None:
         with self.transaction() as t:
@@ -842,8 +859,13 @@ class Dataplane:
         """The connection table (one zone, or all), like ``ovs-appctl dpctl/dump-conntrack``."""
         return [Connection(d) for d in self._core.ct_dump(-1 if zone is None else _zone(zone))]
 
-    def ct_flush(self, zone: Optional[int] = None) -> int:
-        """Removes the connections of one zone (or all); returns how many."""
+    def ct_flush(self, zone: Optional[int] = None, keys: Optional[Sequence[bytes]] = None) -> int:
+        """Removes the connections of one zone (or all), or with ``keys`` exactly
+        those connections (their :attr:`Connection.key`); returns how many."""
+        if keys is not None:
+            if zone is not None:
+                raise ValueError("ct_flush: give a zone or keys, not both (a key names its zone)")
+            return self._core.ct_flush_keys(list(keys))
         return self._core.ct_flush(-1 if zone is None else _zone(zone))
 
     def ct_config(self, timeouts: Optional[Dict[str, float]] = None, max_connections: Optional[int] = None) -> dict:

@@ -371,6 +371,12 @@ class Instance:
                     self.resolver.retarget()
                 if self.evpn is not None:
                     self.evpn.reload(topo)
+                if any(t.security for t in topo.tenants.values()):
+                    # a worker may still commit a connection by the old rules in the batch it had
+                    # begun: judge the table once more when every batch has seen the new ones
+                    timer = threading.Timer(0.25, self._cut_again)
+                    timer.daemon = True
+                    timer.start()
                 out = dict(res)
                 if missing:
                     out["detached"] = missing
@@ -380,6 +386,13 @@ class Instance:
             t.del_groups("")
             t.add_numbered(read_flows_file(self.opts.flows), os.fspath(self.opts.flows))
             return t.commit()
+
+    def _cut_again(self) -> None:
+        from .topology.security_flows import cut_connections
+
+        with self.lock:
+            if self.dp is not None:
+                cut_connections(self.dp, self.topology)
 
     def set_resolved(self, which: str, mac: Optional[str]) -> None:
         """The resolver found (or lost) a next hop: recompile with it."""

@@ -18,6 +18,8 @@ tenant, reason, zone, worker, cache, table).
   dpu_worker_packets_per_batch{worker}
   dpu_interface_{rx_ring_drops,rx_too_long,tx_refused,link_errors}_total{port,interface}
   dpu_nexthop_resolved{nexthop,ip}
+  dpu_security_group_rule_hits_total{tenant,group,direction,rule},
+  dpu_security_group_denied_total{tenant,port,direction}
 
 Workers are numbered as the dataplane numbers them: worker 0 serves API calls
 (trace, control), 1..N forward. busy_ratio and packets_per_batch are over the
@@ -168,6 +170,22 @@ class Collector:
             yield nh
         if getattr(inst, "evpn", None) is not None:
             yield from _evpn_metrics(inst.evpn.metrics())
+        if st.get("security_groups"):
+            yield from _security_metrics(st["security_groups"])
+
+
+def _security_metrics(sg: dict) -> Iterator:
+    """Security groups: new connections each rule allowed, packets no rule of a port's allowed."""
+    hits = CounterMetricFamily("dpu_security_group_rule_hits", "new connections a security group rule allowed",
+                               labels=["tenant", "group", "direction", "rule"])
+    for r in sg["rules"]:
+        hits.add_metric([r["tenant"], r["group"], r["direction"], str(r["rule"])], r["hits"])
+    yield hits
+    den = CounterMetricFamily("dpu_security_group_denied", "packets no rule of a port's security groups allowed",
+                              labels=["tenant", "port", "direction"])
+    for d in sg["denied"]:
+        den.add_metric([d["tenant"], d["port"], d["direction"]], d["packets"])
+    yield den
 
 
 def _evpn_metrics(m: dict) -> Iterator:

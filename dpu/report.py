@@ -228,6 +228,12 @@ def counter_tables(st: dict, ports: Optional[Dict[str, dict]] = None, zones: Opt
         out.append(table(rows, ["tenant", "zone", "connections", "limit"]))
     for line in connections or []:
         out.append(f"  {line}")
+    sg = st.get("security_groups")
+    if sg and sg["rules"]:
+        out.append("\nSecurity groups (new connections each rule allowed; packets no rule allowed):")
+        rows = [[r["tenant"], r["group"], f"{r['direction']}[{r['rule']}]", r["text"], r["hits"]] for r in sg["rules"]]
+        rows += [[d["tenant"], d["port"], d["direction"], "denied", d["packets"]] for d in sg["denied"]]
+        out.append(table(rows, ["tenant", "group / port", "rule", "", "hits"], "llllr"))
     out.append("\n" + cache_line(cache_stats(workers_total(st))))
     return "\n".join(out)
 
@@ -277,7 +283,7 @@ def tenant_zones(dp) -> List[list]:
     if dp.topology is None:
         return []
     return [[n, t.zone, t.connection_limit] for n, t in dp.topology.topology.tenants.items()
-            if t.nat or t.connection_limit]
+            if t.nat or t.connection_limit or t.security]
 
 
 # ---- progress -------------------------------------------------------------------------------

@@ -269,7 +269,7 @@ def test_several_mistakes_are_reported_at_once_with_their_places(tmp_path):
         f"{path}:11:38: tenants.blue.subnets[0].gateway: 10.0.9.1 is outside its subnet 10.0.0.0/24",
         f"{path}:14:41: tenants.blue.ports.vm2.ip: '10.0.0.300' is not an IP address",
         f"{path}:15:5: tenants.blue.colour: unknown key (expected one of: vni, gateway_mac, subnets, "
-        "ports, remote, flood, zone, nat, limits)",
+        "ports, remote, flood, zone, nat, limits, security_groups)",
     ]
     assert [x.path for x in e.errors] == ["uplink.mac", "tenants.blue.subnets[0].gateway",
                                           "tenants.blue.ports.vm2.ip", "tenants.blue.colour"]

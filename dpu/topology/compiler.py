@@ -34,6 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
 from .schema import TUNNEL_PORT, Tenant, Topology
+from .security_flows import (
+    T_SG, T_SG_INET, compile_security, delivery_guard, inbound_rules, judge_port, nat_egress, sg_flood_groups,
+    with_dst,
+)
 
 TOPOLOGY_COOKIE = 0xD9 << 56
 TOPOLOGY_COOKIE_MASK = 0xFF << 56
@@ -213,10 +217,11 @@ def _compile_tenant(topo: Topology, t: Tenant, groups: List[Tuple[str, str]], ad
 
     # Table 0: anti-spoofing for local ports.
     sec = f"table {T_INGRESS}: {tname}: local ports, anti-spoofing"
+    ip_next = T_SG if t.security else T_L3   # security groups judge IP first
     for p, ep in t.ports.items():
         own = f"{ck},in_port={p},dl_src={ep.mac},vlan_tci=0x0000"
         go = f"actions={wmd},goto_table:{T_L3}"
-        add((f"table={T_INGRESS},priority=200,{own},ip,nw_src={ep.ip},{go}", sec))
+        add((f"table={T_INGRESS},priority=200,{own},ip,nw_src={ep.ip},actions={wmd},goto_table:{ip_next}", sec))
         add((f"table={T_INGRESS},priority=200,{own},arp,arp_spa={ep.ip},arp_sha={ep.mac},{go}", sec))
         add((f"table={T_INGRESS},priority=190,{own},arp,arp_spa=0.0.0.0,arp_sha={ep.mac},{go}", sec))
         add((f"table={T_INGRESS},priority=190,{own},udp,nw_src=0.0.0.0,nw_dst=255.255.255.255,"
@@ -228,7 +233,7 @@ def _compile_tenant(topo: Topology, t: Tenant, groups: List[Tuple[str, str]], ad
     tun = f"table={T_INGRESS},{{prio}},{ck},in_port={TUNNEL_PORT},tun_id={t.vni:#x}"
     for vt in t.vteps:
         add((tun.format(prio="priority=200") + f",{tun_src_field}={vt},vlan_tci=0x0000,"
-             f"actions={wmd},goto_table:{T_FABRIC}", sec))
+             f"actions={wmd},goto_table:{T_SG if t.security else T_FABRIC}", sec))
         add((tun.format(prio="priority=190") + f",{tun_src_field}={vt},actions={wmd},drop(inner_vlan)", sec))
     # Not from one of its VTEPs: unauthenticated, so not charged to the tenant.
     add((tun.format(prio="priority=150") + ",actions=drop(unknown_vtep)", sec))
@@ -255,6 +260,9 @@ def _compile_tenant(topo: Topology, t: Tenant, groups: List[Tuple[str, str]], ad
     sec = f"table {T_L2}: {tname}: L2 forwarding from local ports"
     for p, ep in t.ports.items():
         add((f"table={T_L2},priority=100,{ck},{md},dl_dst={ep.mac},actions=output:{p}", sec))
+    if t.security:
+        delivery_guard(t, T_L2, add, TOPOLOGY_COOKIE, sec)
+        add((f"table={T_L2},priority=11,{ck},{md},ip,actions=group:{sg_flood_groups(t)[0]}", sec))
     for ep in t.remote:
         add((f"table={T_L2},priority=100,{ck},{md},dl_dst={ep.mac},actions=set_field:{t.vni:#x}->tun_id,"
              f"set_field:{ep.vtep}->{tun_dst_field},output:{TUNNEL_PORT}", sec))
@@ -264,11 +272,16 @@ def _compile_tenant(topo: Topology, t: Tenant, groups: List[Tuple[str, str]], ad
     sec = f"table {T_FABRIC}: {tname}: L2 forwarding from the fabric (split horizon)"
     for p, ep in t.ports.items():
         add((f"table={T_FABRIC},priority=100,{ck},{md},dl_dst={ep.mac},actions=output:{p}", sec))
+    if t.security:
+        delivery_guard(t, T_FABRIC, add, TOPOLOGY_COOKIE, sec)
+        add((f"table={T_FABRIC},priority=11,{ck},{md},ip,actions=group:{sg_flood_groups(t)[1]}", sec))
     add((f"table={T_FABRIC},priority=90,{ck},{md},dl_dst={t.gateway_mac},actions=drop(unroutable)", sec))
     add((f"table={T_FABRIC},priority=10,{ck},{md},actions=group:{flood_local_id}", sec))
 
     if t.l3vni is not None:
         _compile_l3vni(topo, t, add)
+    if t.security:
+        compile_security(topo, t, groups, add, TOPOLOGY_COOKIE, T_L3, T_FABRIC, T_L3VNI, TUNNEL_PORT, EVPN_FLOOD_GROUP)
 
 
 def _compile_l3vni(topo: Topology, t: Tenant, add) -> None:
@@ -334,6 +347,13 @@ def _compile_nat(topo: Topology, t: Tenant, add) -> None:
 
     sec = f"table {T_NAT_OUT_CT}: {tname}: new connections take the floating address or the SNAT pool"
     add((f"table={T_NAT_OUT_CT},priority=200,{ck},{md},ct_state=+trk+inv,ip,actions=drop(ct_invalid)", sec))
+    floating = dict(nat.floating)
+    if t.security:
+        def commit_for(ep):
+            src = floating.get(ep.ip, pool)
+            return f"ct(commit,{z},nat(src={src}),table={T_NAT_OUT_ROUTE})"
+        nat_egress(t, add, TOPOLOGY_COOKIE, T_NAT_OUT_CT, commit_for,
+                   f"table {T_NAT_OUT_CT}: {tname}: security groups: egress rules of the sending port")
     for priv, pub in nat.floating:
         add((f"table={T_NAT_OUT_CT},priority=150,{ck},{md},ct_state=+trk+new,ip,nw_src={priv},"
              f"actions=ct(commit,{z},nat(src={pub}),table={T_NAT_OUT_ROUTE})", sec))
@@ -356,16 +376,37 @@ def _compile_nat(topo: Topology, t: Tenant, add) -> None:
 
     sec = f"table {T_INET_IN_CT}: {tname}: inbound: replies, forwards, floating addresses; else unsolicited"
     add((f"table={T_INET_IN_CT},priority=200,{ck},{md},ct_state=+trk+inv,ip,actions=drop(ct_invalid)", sec))
+    guarded = {ep.ip: ep for ep in t.ports.values() if ep.groups}
     for f in nat.forwards:
-        add((f"table={T_INET_IN_CT},priority=150,{ck},{md},ct_state=+trk+new,{f.proto},nw_dst={f.public},"
-             f"tp_dst={f.port},actions=ct(commit,{z},nat(dst={f.to}:{f.to_port}),table={T_INET_IN_ROUTE})", sec))
+        m = f"ct_state=+trk+new,{f.proto},nw_dst={f.public},tp_dst={f.port}"
+        commit = f"ct(commit,{z},nat(dst={f.to}:{f.to_port}),table={T_INET_IN_ROUTE})"
+        ep = guarded.get(f.to)
+        if ep is None:
+            add((f"table={T_INET_IN_CT},priority=150,{ck},{md},{m},actions={commit}", sec))
+        else:  # judged by the private port's ingress rules, before anything is committed
+            judge_port(add, sec, T_INET_IN_CT, md, t, TOPOLOGY_COOKIE, ep.port, False,
+                       inbound_rules(t, ep, PROTO_NUMBERS[f.proto], f.to_port),
+                       lambda r, src, m=m: m + (f",{src}" if src else ""), commit, m, (150, 149))
     for priv, pub in nat.floating:
-        add((f"table={T_INET_IN_CT},priority=140,{ck},{md},ct_state=+trk+new,ip,nw_dst={pub},"
-             f"actions=ct(commit,{z},nat(dst={priv}),table={T_INET_IN_ROUTE})", sec))
-    # A mapping reached under endpoint-independent filtering: committed by the first ct already.
-    add((f"table={T_INET_IN_CT},priority=130,{ck},{md},ct_state=+trk+new+dnat,ip,actions=goto_table:{T_INET_IN_ROUTE}", sec))
+        commit = f"ct(commit,{z},nat(dst={priv}),table={T_INET_IN_ROUTE})"
+        ep = guarded.get(priv)
+        if ep is None:
+            add((f"table={T_INET_IN_CT},priority=140,{ck},{md},ct_state=+trk+new,ip,nw_dst={pub},actions={commit}", sec))
+        else:
+            judge_port(add, sec, T_INET_IN_CT, md, t, TOPOLOGY_COOKIE, ep.port, False, inbound_rules(t, ep),
+                       lambda r, m, pub=pub: f"ct_state=+trk+new,{with_dst(f'ip,nw_dst={pub}', m)}", commit,
+                       f"ct_state=+trk+new,ip,nw_dst={pub}", (140, 139))
+    # A mapping reached under endpoint-independent filtering: committed by the first ct already
+    # (with security groups: judged after its translation, on every packet from outside).
+    eif_next = T_SG_INET if t.security else T_INET_IN_ROUTE
+    add((f"table={T_INET_IN_CT},priority=130,{ck},{md},ct_state=+trk+new+dnat,ip,actions=goto_table:{eif_next}", sec))
+    if t.security and nat.endpoint_independent_filtering:
+        add((f"table={T_INET_IN_CT},priority=60,{ck},{md},ct_state=+trk-rpl+dnat,ip,actions=goto_table:{T_SG_INET}", sec))
     add((f"table={T_INET_IN_CT},priority=100,{ck},{md},ct_state=+trk+new,ip,actions=drop(nat_unsolicited)", sec))
     add((f"table={T_INET_IN_CT},priority=50,{ck},{md},ct_state=+trk,ip,actions=goto_table:{T_INET_IN_ROUTE}", sec))
+
+    if t.security:
+        _compile_sg_inet(t, add)
 
     sec = f"table {T_INET_IN_ROUTE}: {tname}: inbound, routed to the machine"
     for p, ep in t.ports.items():
@@ -378,3 +419,18 @@ def _compile_nat(topo: Topology, t: Tenant, add) -> None:
         add((f"table={T_INET_IN_ROUTE},priority=100,{ck},{md},ip,nw_dst={ep.ip},actions=mod_dl_src:{t.gateway_mac},"
              f"mod_dl_dst:{ep.mac},dec_ttl,resubmit(,{T_L2})", sec))
     add((f"table={T_INET_IN_ROUTE},priority=50,{ck},{md},actions=drop(unroutable)", sec))
+
+
+def _compile_sg_inet(t: Tenant, add) -> None:
+    """Table 63: what endpoint-independent filtering let in, judged by the ingress
+    rules of the port it now goes to (after its translation)."""
+    md = f"metadata={t.vni:#x}"
+    ck = f"cookie={TOPOLOGY_COOKIE | t.index:#x}"
+    sec = f"table {T_SG_INET}: tenant {t.name}: security groups: inbound after translation"
+    for p, ep in t.ports.items():
+        if not ep.groups:
+            continue
+        judge_port(add, sec, T_SG_INET, md, t, TOPOLOGY_COOKIE, p, False, inbound_rules(t, ep),
+                   lambda r, m, ep=ep: with_dst(f"ip,nw_dst={ep.ip}", m), f"resubmit(,{T_INET_IN_ROUTE})",
+                   f"ip,nw_dst={ep.ip}")
+    add((f"table={T_SG_INET},priority=0,{ck},{md},actions=resubmit(,{T_INET_IN_ROUTE})", sec))

@@ -37,6 +37,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
+from .security_flows import T_SG
 from .compiler import (EVPN_FLOOD_GROUP, T_FABRIC, T_INGRESS, T_L2, T_L3, T_L3VNI, TOPOLOGY_COOKIE_MASK,
                        _arp_reply)
 from .schema import TUNNEL_PORT, Tenant, Topology
@@ -155,18 +156,20 @@ def _tenant(topo: Topology, t: Tenant, got: Any, out: LearnedFlows) -> None:
     for vtep in l2_vteps:
         if vtep in static_vteps:
             continue
-        _emit(out, ("vtep", t.index, t.vni, vtep), lambda vtep=vtep: _vtep_flows(ck, t.vni, t.vni, vtep, T_FABRIC))
+        _emit(out, ("vtep", t.index, t.vni, vtep), lambda vtep=vtep: _vtep_flows(ck, t.vni, t.vni, vtep, T_FABRIC, t.security))
         counts["vteps"] += 1
 
     if t.l3vni is not None:
         _routes(topo, t, got, out, ck, md, own_ips, counts)
 
 
-def _vtep_flows(ck: str, vni: int, metadata: int, vtep: str, table: int) -> List[tuple]:
-    """VXLAN on `vni` from `vtep` accepted: untagged to `table`, tagged dropped."""
+def _vtep_flows(ck: str, vni: int, metadata: int, vtep: str, table: int, guarded: Any = False) -> List[tuple]:
+    """VXLAN on `vni` from `vtep` accepted: untagged to `table` (with security
+    groups, to their table first: it sends it on by VNI), tagged dropped."""
     m = f"table={T_INGRESS},priority={{prio}},in_port={TUNNEL_PORT},tun_id={vni:#x},tun_src={vtep}"
     what = f"VTEP {vtep} ({'vni' if table == T_FABRIC else 'l3vni'} {vni})"
-    return [_flow(ck, m.format(prio=200) + ",vlan_tci=0x0000", f"write_metadata:{metadata:#x},goto_table:{table}",
+    goto = T_SG if guarded else table
+    return [_flow(ck, m.format(prio=200) + ",vlan_tci=0x0000", f"write_metadata:{metadata:#x},goto_table:{goto}",
                   what),
             _flow(ck, m.format(prio=190), f"write_metadata:{metadata:#x},drop(inner_vlan)", what)]
 
@@ -200,7 +203,7 @@ def _routes(topo: Topology, t: Tenant, got: Any, out: LearnedFlows, ck: str, md:
             l3_vteps[vtep] = None
             counts["routes"] += 1
     for vtep in l3_vteps:
-        _emit(out, ("l3vtep", t.index, t.l3vni, vtep), lambda vtep=vtep: _vtep_flows(ck, t.l3vni, t.vni, vtep, T_L3VNI))
+        _emit(out, ("l3vtep", t.index, t.l3vni, vtep), lambda vtep=vtep: _vtep_flows(ck, t.l3vni, t.vni, vtep, T_L3VNI, t.security))
 
 
 def route_type(prefix: str, host_ips=()) -> str:

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .. import _core
 from .reader import _Abort, _child, _clip, _Errors, _read_source, _read_yaml, _short
+from .security import Policy, SecurityGroup, parse_groups, port_groups
 
 TUNNEL_PORT = "vxlan0"
 
@@ -63,6 +64,7 @@ class Endpoint:
     port: Optional[str] = None  # local port name
     vtep: Optional[Union[ipaddress.IPv4Address, ipaddress.IPv6Address]] = None  # remote
     pinned: bool = False        # remote: wins over what the fabric (EVPN) learns for its MAC and IP
+    groups: List[str] = field(default_factory=list)  # local: its security groups (none: open)
 
 
 @dataclass
@@ -117,6 +119,7 @@ class Tenant:
     nat: Optional[Nat] = None
     connection_limit: int = 0        # 0: none
     l3vni: Optional[int] = None      # EVPN: the VNI routed traffic between hosts takes (symmetric IRB)
+    security: Policy = field(default_factory=Policy)  # security groups (security.py)
 
     @property
     def vteps(self) -> List[Union[ipaddress.IPv4Address, ipaddress.IPv6Address]]:
@@ -479,7 +482,7 @@ def _tenants_section(v: _V, raw: Any, uplink: Optional[Uplink], internet: Option
     _check_public_addresses(v, tenants)
     zones: Dict[int, str] = {}
     for tname, tenant in tenants.items():
-        if not tenant.nat and not tenant.connection_limit:
+        if not tenant.nat and not tenant.connection_limit and not tenant.security:
             continue  # no conntrack: its zone is never used
         if tenant.zone > 65535:
             v.note(f"tenants.{tname}.zone",
@@ -499,7 +502,7 @@ def _tenant(v: _V, index: int, tname: Any, t: Any, uplink: Optional[Uplink], int
     tp = _child("tenants", tname)
     v.name(tname, tp)
     bad = v.bad
-    optional = ["ports", "remote", "flood", "zone", "nat", "limits"]
+    optional = ["ports", "remote", "flood", "zone", "nat", "limits", "security_groups"]
     v.mapping(t, tp, ["vni", "gateway_mac", "subnets"], optional + (["l3vni"] if evpn_given else []),
               None if evpn_given else {"l3vni": "an L3 VNI needs the evpn: section (it is advertised by BGP EVPN)"})
     vni = v.req(t, "vni", f"{tp}.vni", v.integer, 1, (1 << 24) - 1)
@@ -514,6 +517,9 @@ def _tenant(v: _V, index: int, tname: Any, t: Any, uplink: Optional[Uplink], int
     seen_ip: Dict[Any, str] = {}
     seen_mac: Dict[str, str] = {} if gw_mac is _BAD else {gw_mac: f"{tp}.gateway_mac"}
 
+    groups: Dict[str, SecurityGroup] = {}
+    with v.guard:
+        groups = parse_groups(v, t.get("security_groups"), tp)
     ports: Dict[str, Endpoint] = {}
     ports_raw = v.collection(t, "ports", f"{tp}.ports", dict, "a mapping of port name to {mac, ip}")
     for pname, p in (ports_raw or {}).items():
@@ -527,8 +533,10 @@ def _tenant(v: _V, index: int, tname: Any, t: Any, uplink: Optional[Uplink], int
             if pname in port_owner:
                 v.fail(pp, f"port {pname} already belongs to tenant {port_owner[pname]}")
             port_owner[pname] = tname
-            ep = _endpoint(v, p, pp, tname, nets, seen_ip, seen_mac, gw_ips, ["mac", "ip"], None)
+            ep = _endpoint(v, p, pp, tname, nets, seen_ip, seen_mac, gw_ips, ["mac", "ip"], None,
+                           ["security_groups"])
             ep.port = pname
+            ep.groups = port_groups(v, p, pp, groups)
             ports[pname] = ep
 
     remote: List[Endpoint] = []
@@ -574,6 +582,8 @@ def _tenant(v: _V, index: int, tname: Any, t: Any, uplink: Optional[Uplink], int
         return None
     tenant = Tenant(tname, vni, gw_mac, subnets, ports, remote, flood, index)
     tenant.zone, tenant.connection_limit, tenant.nat, tenant.l3vni = zone, connection_limit, nat, l3vni
+    tenant.security = Policy(groups, {p: ep.groups for p, ep in ports.items() if ep.groups},
+                             {g: [ep.ip for ep in ports.values() if g in ep.groups] for g in groups})
     return tenant
 
 

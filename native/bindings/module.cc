@@ -391,6 +391,7 @@ py::list ct_dump(Dataplane& dp, int zone) {
     d["proto"] = e.orig.proto;
     d["zone"] = e.orig.zone;
     d["orig"] = ct_key_dict(e.orig);
+    d["key"] = py::bytes(reinterpret_cast<const char*>(&e.orig), sizeof e.orig);  // for ct_flush_keys()
     d["reply"] = ct_key_dict(e.reply);
     d["mark"] = e.mark;
     d["label"] = py::int_(py::reinterpret_steal<py::object>(
@@ -452,6 +453,22 @@ void bind_conntrack(DataplaneClass& c) {
              return dp.conntrack().flush(zone);
            },
            py::arg("zone") = -1)
+      .def("ct_flush_keys",
+           [](Dataplane& dp, const std::vector<py::bytes>& keys) {
+             std::vector<CtKey> origs;
+             for (const py::bytes& b : keys) {
+               std::string s = b;
+               if (s.size() != sizeof(CtKey))
+                 throw py::value_error("a connection key is " + std::to_string(sizeof(CtKey)) +
+                                       " bytes, as ct_dump() gives it");
+               CtKey k;
+               std::memcpy(&k, s.data(), sizeof k);
+               origs.push_back(k);
+             }
+             NativeCall nogil;
+             return dp.conntrack().flush_keys(origs);
+           },
+           py::arg("keys"))
       .def("ct_stats", &ct_stats)
       .def("ct_settings",
            [](Dataplane& dp) {

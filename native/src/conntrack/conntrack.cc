@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <new>
+#include <string>
 #include <type_traits>
+#include <unordered_set>
 
 #include "dpu/mem.h"
 
@@ -775,6 +777,20 @@ std::string Conntrack::format(const Entry& e) {
 }
 
 size_t Conntrack::flush(int zone) {
+  return flush_where([zone](const Conn* c) { return zone < 0 || c->key[0].zone == zone; });
+}
+
+size_t Conntrack::flush_keys(const std::vector<CtKey>& origs) {
+  if (origs.empty()) return 0;
+  std::unordered_set<std::string> want;
+  for (const CtKey& k : origs) want.emplace(reinterpret_cast<const char*>(&k), sizeof k);
+  return flush_where([&want](const Conn* c) {
+    return want.count(std::string(reinterpret_cast<const char*>(&c->key[0]), sizeof(CtKey))) != 0;
+  });
+}
+
+template <class Pred>
+size_t Conntrack::flush_where(Pred pred) {
   Bucket* bs = buckets();
   if (!bs) return 0;
   // Hold an epoch slot: a connection found here is not reused before remove() looks at it.
@@ -787,7 +803,7 @@ size_t Conntrack::flush(int zone) {
     s.lock();
     for_each_node(bs[b], [&](CtNode* n) {
       Conn* c = Conn::of(n);
-      if (n->dir == 0 && (zone < 0 || c->key[0].zone == zone)) victims.push_back(c);
+      if (n->dir == 0 && pred(c)) victims.push_back(c);
     });
     s.unlock();
   }

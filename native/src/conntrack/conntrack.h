@@ -319,6 +319,9 @@ class Conntrack {
   // tcp,orig=(src=..,dst=..,sport=..,dport=..),reply=(..),zone=N,mark=M,protoinfo=(state=..)
   static std::string format(const Entry& e);
   size_t flush(int zone);                         // zone -1: all; returns how many
+  // The connections whose original-direction keys are among `origs` (as
+  // dump() gives them): what a policy change no longer allows. Returns how many.
+  size_t flush_keys(const std::vector<CtKey>& origs);
   uint64_t flushed() const { return flushed_.load(std::memory_order_relaxed); }  // by flush(), ever
   uint64_t count() const { return count_.load(std::memory_order_relaxed); }
   void zone_counts(std::vector<std::pair<uint16_t, uint32_t>>* out) const;
@@ -430,6 +433,8 @@ class Conntrack {
   void exec(Conn* c, const CtSpec& spec) const;
   uint16_t admit(uint16_t zone);  // counts a new connection in, or the drop reason
   void release(uint16_t zone);
+  template <class Pred>
+  size_t flush_where(Pred pred);  // the connections pred(conn) picks, as flush() removes them
   // The result's connection, mark, label and original tuple: from the
   // connection's keys, or, with `other` (execute_known), from the packet's
   // tuple and the other key's translation, without reading the keys.
