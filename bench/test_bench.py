@@ -32,3 +32,16 @@ def test_replay_10m(benchmark):
     benchmark.pedantic(run, rounds=1, iterations=1)
     benchmark.extra_info.update(res)
     assert res["mpps"] >= B.TARGETS_MPPS["replay-10m"], f"replay-10m: {res['mpps']} Mpps"
+
+
+def test_security_groups_cost_established_packets_nothing(benchmark):
+    """sg-est-1k: snat-est-1k's established traffic with the machine in a group of 100 rules,
+    at least 90% of snat-est-1k measured in the same run (the two alternated)."""
+    res = {}
+
+    def run():
+        res.update(B.run("sg-est-1k", packets=PACKETS, repeat=5))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    benchmark.extra_info.update(res)
+    assert res["ratio"] >= B.SG_TARGET_RATIO, f"sg-est-1k: {res['ratio']:.0%} of snat-est-1k"
