@@ -397,3 +397,120 @@ def test_a_bad_group_changes_nothing_on_reload(dp):
     with pytest.raises(TopologyError):
         dp.load_topology(_with(lambda b: b["ports"]["vm4"].__setitem__("security_groups", ["nope"])))
     assert flows() == before and dp.version == version
+
+
+# ---- against an independent model, on random groups (helpers/sg_model.py) ------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from helpers.sg_model import SgModel  # noqa: E402
+
+PORTS = {"vm1": (VM1_MAC, VM1_IP), "vm2": (VM2_MAC, VM2_IP), "vm4": (VM4_MAC, VM4_IP), "vm5": (VM5_MAC, VM5_IP)}
+PEERS = ["0.0.0.0/0", "10.0.0.0/8", "10.0.0.0/24", "10.0.1.0/24", "10.0.0.11/32", "10.0.0.21/32",
+         "198.51.100.0/24", "172.16.0.0/12"]
+SERVICE_PORTS = [22, 53, 80, 443, 8000, 8080]
+
+
+@st.composite
+def rules(draw, far):
+    proto = draw(st.sampled_from(["tcp", "udp", "icmp", "any", 6]))
+    r = {"proto": proto}
+    if proto in ("tcp", "udp", 6) and draw(st.booleans()):
+        lo = draw(st.sampled_from(SERVICE_PORTS + [1, 1000]))
+        hi = draw(st.sampled_from([lo, lo + 1, lo + 100, 65535]))
+        r["ports"] = lo if lo == hi else f"{lo}-{hi}"
+    if proto == "icmp" and draw(st.booleans()):
+        r["type"] = draw(st.sampled_from([0, 8]))
+    if draw(st.integers(0, 3)) == 0:
+        r[f"{far}_group"] = "g0"   # resolved below: never a group's own name
+    else:
+        r[far] = draw(st.sampled_from(PEERS))
+    return r
+
+
+@st.composite
+def sg_topologies(draw):
+    d = yaml.safe_load(open(SG_TOPO))
+    blue = d["tenants"]["blue"]
+    names = [f"g{i}" for i in range(draw(st.integers(1, 3)))]
+    groups = {}
+    for i, g in enumerate(names):
+        body = {"ingress": draw(st.lists(rules("from"), max_size=4))}
+        if draw(st.booleans()):
+            body["egress"] = draw(st.lists(rules("to"), max_size=3))
+        others = [n for n in names if n != g]
+        for r in body["ingress"] + body.get("egress", []):
+            for k in ("from_group", "to_group"):
+                if k in r:
+                    if others:
+                        r[k] = draw(st.sampled_from(others))
+                    else:
+                        r[k.split("_")[0]] = "0.0.0.0/0"
+                        del r[k]
+        groups[g] = body
+    blue["security_groups"] = groups
+    for p in blue["ports"]:
+        blue["ports"][p].pop("security_groups", None)
+        chosen = draw(st.lists(st.sampled_from(names), max_size=2, unique=True))
+        if chosen:
+            blue["ports"][p]["security_groups"] = chosen
+    return d
+
+
+@st.composite
+def attempts(draw):
+    ends = list(PORTS) + ["remote"]
+    src = draw(st.sampled_from(ends))
+    dst = draw(st.sampled_from([e for e in ends if e != src and not (src == "remote" and e == "remote")]))
+    proto = draw(st.sampled_from([6, 17, 1]))
+    dport = draw(st.sampled_from(SERVICE_PORTS + [7, 8001, 9999]))
+    return src, dst, proto, dport
+
+
+def _frame(src, dst, l4):
+    if src == "remote":
+        m, ip = PORTS[dst]
+        return vxlan(Ether(src=BLUE_REMOTE_MAC, dst=m) / IP(src=BLUE_REMOTE_IP, dst=ip) / l4, BLUE_VNI, VTEP_BLUE), "p0"
+    smac, sip = PORTS[src]
+    dip = BLUE_REMOTE_IP if dst == "remote" else PORTS[dst][1]
+    dmac = BLUE_REMOTE_MAC if dst == "remote" else PORTS[dst][0]
+    same = dip.rsplit(".", 1)[0] == sip.rsplit(".", 1)[0]
+    return Ether(src=smac, dst=dmac if same else GW_MAC) / IP(src=sip, dst=dip) / l4, src
+
+
+def _addr(end):
+    return BLUE_REMOTE_IP if end == "remote" else PORTS[end][1]
+
+
+def _delivered(outs, dst):
+    want = "p0" if dst == "remote" else dst
+    return [o for o in outs if o.port == want]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(topo=sg_topologies(), tries=st.lists(attempts(), min_size=1, max_size=12))
+def test_random_groups_match_the_model(topo, tries):
+    """New connections between random ends (local ports, the remote endpoint through the
+    fabric) under random groups: delivered exactly when the model allows them, dropped as
+    security_group otherwise; the reply of each allowed one is delivered too."""
+    model = SgModel(topo["tenants"]["blue"])
+    dp = Dataplane.from_topology(topo)
+    for n, (src, dst, proto, dport) in enumerate(tries):
+        sport = 20000 + n
+        l4 = {6: syn(sport, dport), 17: UDP(sport=sport, dport=dport), 1: ICMP(type=8, id=sport)}[proto]
+        frame, port = _frame(src, dst, l4)
+        ok = model.allowed(_addr(src), _addr(dst), proto, dport if proto != 1 else 0, 8 if proto == 1 else 0)
+        tracked = model.guarded(_addr(src)) or model.guarded(_addr(dst))
+        outs, drops = send(dp, frame, port)
+        got = _delivered(outs, dst)
+        assert bool(got) == ok, (src, dst, proto, dport, topo["tenants"]["blue"]["security_groups"],
+                                 {p: v.get("security_groups") for p, v in topo["tenants"]["blue"]["ports"].items()})
+        if not ok:
+            assert drops == {"security_group": 1}, drops
+            continue
+        rl4 = {6: synack(dport, sport), 17: UDP(sport=dport, dport=sport), 1: ICMP(type=0, id=sport)}[proto]
+        frame, port = _frame(dst, src, rl4)
+        outs, drops = send(dp, frame, port)
+        assert _delivered(outs, src), ("reply", src, dst, proto, dport, tracked, drops)
