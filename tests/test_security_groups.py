@@ -514,3 +514,31 @@ def test_random_groups_match_the_model(topo, tries):
         frame, port = _frame(dst, src, rl4)
         outs, drops = send(dp, frame, port)
         assert _delivered(outs, src), ("reply", src, dst, proto, dport, tracked, drops)
+
+
+def test_endpoint_independent_filtering_is_judged_after_translation():
+    """With endpoint-independent filtering, anyone may send to a machine's mapping: what its
+    groups do not allow is dropped, on the first packet and on every one after it."""
+    d = yaml.safe_load(open(SG_TOPO))
+    d["tenants"]["blue"]["nat"]["filtering"] = "endpoint-independent"
+    d["tenants"]["blue"]["nat"]["floating"] = []
+    d["tenants"]["blue"]["nat"]["forwards"] = []
+    dp = Dataplane.from_topology(d)
+    # vm2 opens a UDP mapping towards one server ...
+    outs = dp.process(l2(VM2_MAC, VM2_IP, GW_MAC, SERVER, UDP(sport=5000, dport=53)), in_port="vm2")
+    assert ports_of(outs) == ["inet"]
+    mapped = Ether(outs[0].data)[UDP].sport
+    # ... whose answer comes back
+    outs, drops = send(dp, from_internet(SERVER, SNAT, UDP(sport=53, dport=mapped)), "inet")
+    assert ports_of(outs) == ["vm2"] and not drops
+    # another host reaches the mapping: filtering lets it in, vm2's group (web: tcp 80, icmp) does not
+    for _ in range(2):
+        outs, drops = send(dp, from_internet("192.0.2.99", SNAT, UDP(sport=7, dport=mapped)), "inet")
+        assert outs == [] and drops == {"security_group": 1}
+    # without groups on vm2 the same packet is let in (the filtering itself works)
+    del d["tenants"]["blue"]["ports"]["vm2"]["security_groups"]
+    dp.load_topology(d)
+    dp.process(l2(VM2_MAC, VM2_IP, GW_MAC, SERVER, UDP(sport=5001, dport=53)), in_port="vm2")
+    conns = [c for c in dp.conntrack(100) if c.orig["sport"] == 5001]
+    outs, _ = send(dp, from_internet("192.0.2.98", SNAT, UDP(sport=7, dport=conns[0].reply["dport"])), "inet")
+    assert ports_of(outs) == ["vm2"]
