@@ -2,12 +2,23 @@
 // `dpu run --drops-pcap`: every arrival the dataplane dropped, as it arrived,
 // with its port and reason.
 //
-// Thread-safety: dropped() and close() take a mutex (a live dataplane's
-// workers share one file); packets() may be read from any thread.
+// Records are whole pcapng blocks appended to a buffer; the buffer goes to
+// the file in one write(2) when a worker ends a batch (DropSink::end_batch)
+// and either the writer is prompt (`dpu run`: as `tcpdump -U` does, so the
+// file can be read while dpu runs and holds every batch's drops if the
+// process is killed) or the buffer holds kBuffered bytes (a replay: few,
+// large writes). The file is a valid pcapng after every write: a block is
+// never split across two.
+//
+// Thread-safety: dropped(), end_batch() and close() take a mutex (a live
+// dataplane's workers share one file); packets() may be read from any thread.
 #pragma once
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -28,20 +39,26 @@ namespace dpu {
 // never had a buffer: its record has no bytes, only its length.
 class PcapngDropWriter : public DropSink {
  public:
+  enum class Flush { kWhenFull, kEachBatch };
+  static constexpr size_t kBuffered = 1 << 20;  // kWhenFull: bytes held before a write
+
   // `ports`: the dataplane's, for their names; `app`: the writer, as the section header names it.
-  PcapngDropWriter(std::string path, const std::vector<PortInfo>& ports, std::string app)
-      : path_(std::move(path)), app_(std::move(app)) {
+  PcapngDropWriter(std::string path, const std::vector<PortInfo>& ports, std::string app,
+                   Flush flush = Flush::kWhenFull)
+      : path_(std::move(path)), app_(std::move(app)), prompt_(flush == Flush::kEachBatch) {
     for (const PortInfo& p : ports) {
       if (names_.size() <= p.ofport) names_.resize(p.ofport + 1);
       names_[p.ofport] = p.name;
     }
   }
   ~PcapngDropWriter() {
-    if (f_) std::fclose(f_);
+    if (fd_ >= 0) ::close(fd_);
   }
+  // Creates the file and writes its section header at once (a reader finds a pcapng file
+  // with no packets, not an empty one).
   Status open() {
-    f_ = std::fopen(path_.c_str(), "wb");
-    if (!f_) return fail(errno);
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd_ < 0) return fail(errno);
     std::string b;
     u32(&b, 0x1A2B3C4D);  // byte-order magic
     u16(&b, 1);
@@ -51,12 +68,13 @@ class PcapngDropWriter : public DropSink {
     option(&b, 4, app_);  // shb_userappl
     u32(&b, 0);                                 // opt_endofopt
     block(0x0A0D0D0A, b);
-    return Status::Ok();
+    write_out();
+    return error_ ? fail(errno_) : Status::Ok();
   }
   void dropped(uint32_t port, uint64_t ts_ns, const uint8_t* data, uint32_t len, uint32_t wire_len,
                uint16_t reason) override {
     std::lock_guard<std::mutex> g(mu_);  // live workers share the file
-    if (!f_ || error_) return;
+    if (fd_ < 0 || error_) return;
     if (iface_.size() <= port) iface_.resize(port + 1, -1);
     std::string name = port < names_.size() ? names_[port] : std::to_string(port);
     if (iface_[port] < 0) {
@@ -82,15 +100,24 @@ class PcapngDropWriter : public DropSink {
     u32(&b, 0);
     block(6, b);
     __atomic_store_n(&packets_, packets_ + 1, __ATOMIC_RELAXED);
+    held_.store(true, std::memory_order_relaxed);
+  }
+  // A worker's batch ended: its records go to the file now (prompt) or once kBuffered
+  // bytes are held. Without records held it takes no lock.
+  void end_batch() override {
+    if (!held_.load(std::memory_order_relaxed)) return;
+    std::lock_guard<std::mutex> g(mu_);
+    if (prompt_ || buf_.size() >= kBuffered) write_out();
   }
   Status close() {
     std::lock_guard<std::mutex> g(mu_);
-    if (!f_) return Status::Ok();  // closed already (or never opened)
-    if (std::fclose(f_) != 0 && !error_) {
+    if (fd_ < 0) return Status::Ok();  // closed already (or never opened)
+    write_out();
+    if (::close(fd_) != 0 && !error_) {
       error_ = true;
       errno_ = errno;
     }
-    f_ = nullptr;
+    fd_ = -1;
     return error_ ? fail(errno_) : Status::Ok();
   }
   uint64_t packets() const { return __atomic_load_n(&packets_, __ATOMIC_RELAXED); }
@@ -104,17 +131,30 @@ class PcapngDropWriter : public DropSink {
     b->append(v);
     b->append((4 - v.size() % 4) % 4, '\0');
   }
+  // One whole block onto the buffer (under mu_).
   void block(uint32_t type, const std::string& body) {
-    std::string b;
     const uint32_t total = static_cast<uint32_t>(12 + body.size());
-    u32(&b, type);
-    u32(&b, total);
-    b.append(body);
-    u32(&b, total);
-    if (std::fwrite(b.data(), 1, b.size(), f_) != b.size() && !error_) {
-      error_ = true;
-      errno_ = errno;
+    u32(&buf_, type);
+    u32(&buf_, total);
+    buf_.append(body);
+    u32(&buf_, total);
+  }
+  // The buffer to the file (under mu_); a failed write is kept for close() to report, and
+  // what follows it is discarded (the file would have a hole).
+  void write_out() {
+    size_t off = 0;
+    while (off < buf_.size() && !error_) {
+      const ssize_t n = ::write(fd_, buf_.data() + off, buf_.size() - off);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        error_ = true;
+        errno_ = n < 0 ? errno : ENOSPC;
+        break;
+      }
+      off += static_cast<size_t>(n);
     }
+    buf_.clear();
+    held_.store(false, std::memory_order_relaxed);
   }
   Status fail(int err) const {
     Status s = Status::Error(Err::IO, std::string("cannot write the drops file: ") + std::strerror(err ? err : EIO));
@@ -125,8 +165,11 @@ class PcapngDropWriter : public DropSink {
   std::string path_;
   std::vector<std::string> names_;  // by ofport
   std::string app_;
+  const bool prompt_;
   std::mutex mu_;
-  std::FILE* f_ = nullptr;
+  int fd_ = -1;
+  std::string buf_;                 // whole blocks not yet written
+  std::atomic<bool> held_{false};   // buf_ holds records (read without mu_ by end_batch)
   std::vector<int> iface_;          // interface id by ofport, -1: not described yet
   int n_ifaces_ = 0;
   uint64_t packets_ = 0;

@@ -86,7 +86,10 @@ Status LiveWorkers::start() {
   }
   // The drops file last: a queue that fails to open leaves an earlier file alone.
   if (!cfg_.drops_pcap.empty()) {
-    drops_ = std::make_unique<PcapngDropWriter>(cfg_.drops_pcap, dp_->ports(), "dpu run --drops-pcap");
+    // Each batch's drops written when it ends, as `tcpdump -U` does: the file can be read
+    // while dpu runs and keeps what was dropped if dpu is killed.
+    drops_ = std::make_unique<PcapngDropWriter>(cfg_.drops_pcap, dp_->ports(), "dpu run --drops-pcap",
+                                                PcapngDropWriter::Flush::kEachBatch);
     Status st = drops_->open();
     if (!st.ok()) {
       drops_.reset();

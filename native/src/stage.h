@@ -78,6 +78,9 @@ class DropSink {
   // (nullptr and 0 when no buffer ever held it: oversize), `wire_len` its size.
   virtual void dropped(uint32_t port, uint64_t ts_ns, const uint8_t* data, uint32_t len, uint32_t wire_len,
                        uint16_t reason) = 0;
+  // The batch's drops have all been given (called once a batch, by the worker's thread,
+  // whether it dropped anything or not): a sink that buffers may write them out now.
+  virtual void end_batch() {}
 };
 
 // A counter as another thread sees it (its owner writes it with plain stores).

@@ -174,6 +174,7 @@ uint32_t Worker::receive(RxQueue& q, uint32_t max, PortSink* sink, DropSink* dro
   // After the burst they arrived in (the queue does not say where in it).
   for (const RxReject& r : q.rejects) count_reject(r, drop_sink_);
   q.rejects.clear();
+  if (drop_sink_) drop_sink_->end_batch();
   drop_sink_ = kept_drops;
   return taken;
 }
@@ -192,6 +193,7 @@ void Worker::count_reject(const RxReject& r, DropSink* drops) {
 void Worker::process(Batch& in) {
   std::lock_guard<std::mutex> g(mu_);
   process_locked(in);
+  if (drop_sink_) drop_sink_->end_batch();
 }
 
 void Worker::process_locked(Batch& in) {

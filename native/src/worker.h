@@ -30,9 +30,10 @@
 // or when it is further behind than the changes kept, flushes both caches: a
 // cache never returns a result derived from older tables.
 //
-// With a DropSink set (a replay's --drops-pcap), every arrival that produced
+// With a DropSink set (--drops-pcap), every arrival that produced
 // no output is handed to it as it arrived (a copy taken before the actions
-// ran), with its port and reason, once, exactly where the drop is counted.
+// ran), with its port and reason, once, exactly where the drop is counted;
+// the sink hears when each batch (receive, process) ends.
 //
 // Thread-safety: a batch (receive, process) runs on the worker's own thread
 // (or the API caller's) under the worker's private lock; every control-side
