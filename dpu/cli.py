@@ -523,7 +523,7 @@ def cmd_run(args) -> int:
 
     opts = LiveOptions(ports=parse_port_args(args.port), config=args.config, flows=args.flows, workers=args.workers,
                        io=args.io, ctl=None if args.no_ctl else args.ctl, metrics=args.metrics, burst=args.burst,
-                       drops_pcap=args.drops_pcap)
+                       drops_pcap=args.drops_pcap, pidfile=args.pidfile)
     return run(opts)
 
 
@@ -608,13 +608,12 @@ def cmd_stats(args) -> int:
 
 
 def cmd_reload(args) -> int:
-    r = _ctl(args, "reload")
-    cut = f", {r['connections_cut']} connections cut (security groups)" if "connections_cut" in r else ""
-    print(f"reloaded: {r.get('flows_added', 0)} flows added, {r.get('flows_deleted', 0)} deleted, "
-          f"version {r.get('version')}{cut}")
-    for name in r.get("detached", []):
-        print(f"dpu: warning: port {name} is gone from the topology; its interface no longer forwards",
-              file=sys.stderr)
+    from .live import reload_text
+
+    text, warnings = reload_text(_ctl(args, "reload"))
+    print(text)
+    for w in warnings:
+        print(f"dpu: warning: {w}", file=sys.stderr)
     return 0
 
 
@@ -837,7 +836,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("-o", "--output", required=True, help="output pcap")
     sp.set_defaults(func=cmd_gen)
 
-    sp = sub.add_parser("run", help="forward between Linux interfaces until SIGINT/SIGTERM (the live dataplane)")
+    sp = sub.add_parser("run", help="forward between Linux interfaces until SIGINT/SIGTERM, reload on SIGHUP "
+                                    "(the live dataplane)")
     sp.add_argument("--config", help="tenant topology file (YAML)")
     sp.add_argument("--flows", help="flows file (on top of the topology's, or alone)")
     sp.add_argument("--port", action="append", default=[], metavar="NAME=INTERFACE", required=True,
@@ -855,6 +855,9 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--drops-pcap", metavar="FILE", default=None,
                     help="write every dropped packet to FILE while running (pcapng, as dpu replay --drops-pcap: "
                          "each packet's comment names its drop reason and port)")
+    sp.add_argument("--pidfile", metavar="PATH", default=None,
+                    help="write dpu's process id to PATH once it forwards, remove it at exit (refused if it names "
+                         "a running process)")
     sp.set_defaults(func=cmd_run)
 
     sp = sub.add_parser("dump-flows", help="print the running dpu's flows (ovs-ofctl dump-flows)")

@@ -21,7 +21,6 @@ import copy
 import errno
 import logging
 import os
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from . import _core
 from .control import check_ctl_path
 from .dataplane import Dataplane, read_flows_file
 from .errors import DpuError, LiveError
+from .service import Notifier, PidFile, Signals, check_fd_limit, fd_need, raise_fd_limit, signal_name
 
 log = logging.getLogger("dpu.live")
 
@@ -52,6 +52,7 @@ class LiveOptions:
     burst: int = _core.DEFAULT_BURST
     arp_refresh_s: float = 30.0
     drops_pcap: Optional[str] = None             # every dropped packet to this pcapng file
+    pidfile: Optional[str] = None                # this process's id, written once it forwards
 
 
 def parse_port_args(values: Sequence[str]) -> List[Tuple[str, str]]:
@@ -120,6 +121,14 @@ def interface_queues(ifname: str) -> Optional[int]:
     return min(sum(n.startswith("rx-") for n in names), sum(n.startswith("tx-") for n in names))
 
 
+def queue_count(opts: "LiveOptions") -> int:
+    """The queues dpu run opens: one per worker and interface; AF_XDP, every receive queue
+    of an interface, at least one per worker (ports/backend.h, IoBackend::queues)."""
+    if opts.io != "afxdp":
+        return opts.workers * len(opts.ports)
+    return sum(max(opts.workers, interface_queues(ifname) or 0) for _, ifname in opts.ports)
+
+
 def check_afxdp_queues(name: str, ifname: str, workers: int) -> Optional[str]:
     """AF_XDP binds every receive queue, queue q to worker q mod N: fewer queues than workers
     is an error (a worker would have nothing of the interface); more is fine."""
@@ -163,9 +172,8 @@ class Instance:
         self.warnings: List[str] = []
         self.started_at = 0.0
         self.attached: Dict[str, str] = {}     # port name -> interface
-        self._stop = threading.Event()
-        self._signals: List[int] = []
-        self._old_handlers: Optional[dict] = None
+        self.signals: Optional[Signals] = None   # trap_signals(): SIGHUP reloads, the others stop
+        self.notifier = Notifier({})               # run() gives it NOTIFY_SOCKET
         self._offloads_told: set = set()       # (interface, what) already logged
 
     # ---- before anything runs ------------------------------------------------------
@@ -273,29 +281,49 @@ class Instance:
         self.resolver = self.control = self.metrics = self.evpn = None
 
     def trap_signals(self) -> None:
-        """From now on SIGINT and SIGTERM stop the instance (wait() returns)
-        instead of killing the process: called before anything is announced,
-        so a signal sent as soon as dpu says it forwards still ends cleanly."""
-        if self._old_handlers is not None:
-            return
+        """From now on SIGHUP asks for a reload and SIGINT, SIGTERM and every other signal
+        that would end the process (dpu.service.STOP_SIGNALS) for a stop, which wait()
+        acts on, instead of killing the process. run() calls it before open(): a signal
+        that comes while dpu starts, or as soon as it says it forwards, still ends cleanly."""
+        if self.signals is None:
+            self.signals = Signals()
+        self.signals.install()
 
-        def on_signal(signum, _frame):
-            self._signals.append(signum)
-            self._stop.set()
-
-        self._old_handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    @property
+    def stop_signal(self) -> Optional[int]:
+        """The stop signal received, if any."""
+        return self.signals.stop if self.signals is not None else None
 
     def wait(self) -> int:
-        """Forwards until SIGINT or SIGTERM; returns the signal number."""
+        """Forwards until a stop signal; reloads on SIGHUP meanwhile. Returns the signal number.
+        The handlers stay until release_signals(): a second signal while dpu stops is no
+        more than the first."""
         self.trap_signals()
+        while self.signals.stop is None:
+            self.signals.wait(0.5)
+            if self.signals.take_reload() and self.signals.stop is None:
+                self.reload_on_signal()
+            self.tell_offloads()
+            if self.evpn is not None:
+                self.evpn.housekeeping()
+        self.notifier.stopping(f"stopping ({signal_name(self.signals.stop)})")
+        return self.signals.stop
+
+    def reload_on_signal(self) -> None:
+        """SIGHUP: what `dpu reload` does, said on stderr; a refused reload leaves the running
+        tables as they were and dpu running. The service manager hears RELOADING=1, then
+        READY=1 when it is done, either way."""
+        self.notifier.reloading()
         try:
-            while not self._stop.wait(0.5):
-                self.tell_offloads()
-                if self.evpn is not None:
-                    self.evpn.housekeeping()
-        finally:
-            self.release_signals()
-        return self._signals[0] if self._signals else 0
+            res = self.reload()
+        except DpuError as e:
+            log.error("SIGHUP: reload refused, the running tables stay: %s: %s", type(e).__name__, e)
+        else:
+            text, warnings = reload_text(res)
+            log.info("SIGHUP: %s", text)
+            for w in warnings:
+                log.warning("%s", w)
+        self.notifier.ready(self.status_text())
 
     def tell_offloads(self) -> None:
         """One line per interface and kind of frame a sender's offloads left for dpu that it
@@ -331,9 +359,9 @@ class Instance:
                      "(or --io afpacket, which finishes them)")
 
     def release_signals(self) -> None:
-        for s, h in (self._old_handlers or {}).items():
-            signal.signal(s, h)
-        self._old_handlers = None
+        if self.signals is not None:
+            self.signals.close()
+            self.signals = None
 
     # ---- changes while running --------------------------------------------------------
     def effective_topology(self):
@@ -442,6 +470,11 @@ class Instance:
     def interface_stats(self) -> List[dict]:
         return list(self.live.queue_stats()) if self.live is not None else []
 
+    def status_text(self) -> str:
+        """One line: what it forwards on (dpu run's announcement, systemd's STATUS=)."""
+        names = ", ".join(f"{n}={i}" for n, i in self.opts.ports)
+        return f"forwarding on {names} with {self.opts.workers} worker(s), {self.opts.io}"
+
     def final_report(self) -> str:
         from .report import counter_tables, tenant_zones
 
@@ -494,64 +527,79 @@ def log_to_stderr() -> None:
     root.propagate = False
 
 
-def raise_fd_limit() -> Tuple[int, int]:
-    """Raises RLIMIT_NOFILE's soft limit to the hard one (the kernel's fs.nr_open when the
-    hard one is unlimited): the usual soft 1,024 is few for a daemon whose clients, sockets
-    and queues all take descriptors. Returns (before, after)."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard
-    if hard == resource.RLIM_INFINITY:
-        try:
-            with open("/proc/sys/fs/nr_open") as f:
-                target = int(f.read())
-        except (OSError, ValueError):
-            target = 1 << 20
-    if soft == resource.RLIM_INFINITY or soft >= target:
-        log.debug("open-file limit %s (already the hard limit)", soft)
-        return soft, soft
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (OSError, ValueError) as e:
-        log.debug("could not raise the open-file limit from %d to %d: %s", soft, target, e)
-        return soft, soft
-    log.debug("raised the open-file limit from %d to %d (the hard limit)", soft, target)
-    return soft, target
+def reload_text(res: dict) -> Tuple[str, List[str]]:
+    """What a reload did, as `dpu reload` and SIGHUP say it: a line and the warnings."""
+    cut = f", {res['connections_cut']} connections cut (security groups)" if "connections_cut" in res else ""
+    text = (f"reloaded: {res.get('flows_added', 0)} flows added, {res.get('flows_deleted', 0)} deleted, "
+            f"version {res.get('version')}{cut}")
+    return text, [f"port {name} is gone from the topology; its interface no longer forwards"
+                  for name in res.get("detached", [])]
 
 
 def run(opts: LiveOptions, out=None) -> int:
-    """``dpu run``: open, start, forward until a signal, stop, print the counters."""
+    """``dpu run``: open, start, forward until a stop signal (reloading on SIGHUP), stop,
+    print the counters. The signal handlers are in place before anything is made, and stay
+    until everything is undone (docs/live.md, "Signals")."""
     import sys
 
     out = out or sys.stdout
     log_to_stderr()
-    raise_fd_limit()
+    check_fd_limit(*fd_need(queue_count(opts), len(opts.ports) if opts.io == "afxdp" else 0, bool(opts.ctl),
+                            bool(opts.metrics)))
+    pidfile = PidFile(os.fspath(opts.pidfile)) if opts.pidfile else None
+    if pidfile:
+        check_distinct_outputs(opts)
+        pidfile.check()
     inst = Instance(opts)
-    inst.open()
-    for w in inst.warnings:
-        print(f"dpu: warning: {w}", file=sys.stderr)
     inst.trap_signals()
+    try:
+        inst.notifier = Notifier()
+        inst.open()
+        for w in inst.warnings:
+            print(f"dpu: warning: {w}", file=sys.stderr)
+        try:
+            if inst.stop_signal is None:  # else: stopped while it started; nothing to undo but open()'s
+                start_and_announce(inst, pidfile)
+            inst.wait()
+        finally:
+            inst.stop()
+            if pidfile:
+                pidfile.remove()
+        print(inst.final_report(), file=out, flush=True)
+    finally:
+        inst.notifier.close()
+        inst.release_signals()
+    return 0
+
+
+def start_and_announce(inst: Instance, pidfile: Optional[PidFile]) -> None:
+    """The workers started, then the pidfile, the line on stderr and READY=1: whoever
+    waits for any of them finds dpu forwarding."""
+    import sys
+
     try:
         inst.start()
     except DpuError as e:
-        inst.release_signals()
-        inst.close()
         raise LiveError(str(e)) from None
-    names = ", ".join(f"{n}={i}" for n, i in opts.ports)
+    if pidfile:
+        pidfile.write()
     extra = []
     if inst.control:
-        extra.append(f"control {opts.ctl}")
+        extra.append(f"control {inst.opts.ctl}")
     if inst.metrics:
         extra.append(f"metrics http://{inst.metrics.address}/metrics")
-    print(f"dpu: forwarding on {names} with {opts.workers} worker(s), {opts.io}"
-          + (f"; {', '.join(extra)}" if extra else "") + " (SIGINT or SIGTERM stops)", file=sys.stderr, flush=True)
-    try:
-        inst.wait()
-    finally:
-        inst.stop()
-    print(inst.final_report(), file=out, flush=True)
-    return 0
+    print(f"dpu: {inst.status_text()}" + (f"; {', '.join(extra)}" if extra else "")
+          + " (SIGINT or SIGTERM stops, SIGHUP reloads)", file=sys.stderr, flush=True)
+    inst.notifier.ready(inst.status_text())
+
+
+def check_distinct_outputs(opts: LiveOptions) -> None:
+    """The pidfile is none of the files dpu reads or writes."""
+    mine = os.path.realpath(os.fspath(opts.pidfile))
+    for what, p in (("--config", opts.config), ("--flows", opts.flows), ("--drops-pcap", opts.drops_pcap),
+                    ("--ctl", opts.ctl)):
+        if p and os.path.realpath(os.fspath(p)) == mine:
+            raise LiveError(f"--pidfile {opts.pidfile}: is the file {what} names too (choose another --pidfile)")
 
 
 def check_drops_path(path: str, inputs: Sequence[Tuple[str, Optional[str]]] = ()) -> None:

@@ -156,13 +156,15 @@ class Lab:
         return path
 
     # ---- running dpu --------------------------------------------------------------------
-    def start_dpu(self, topo: str | None = None, workers: int = 1, extra: tuple = (), wait: bool = True) -> "Dpu":
+    def start_dpu(self, topo: str | None = None, workers: int = 1, extra: tuple = (), wait: bool = True,
+                  prefix: tuple = ()) -> "Dpu":
+        """`prefix`: a command that runs dpu in its place (exec), e.g. ("prlimit", "--nofile=64:4096")."""
         topo = topo or self.topology()
         ctl = os.path.join(self.tmp, f"dpu-{next(_counter)}.ctl")
         args = ["--config", topo, "--workers", str(workers), "--ctl", ctl]
         for port in ("vm1", "vm2", "vm3", "p0", "inet"):
             args += ["--port", f"{port}={port}"]
-        return Dpu(self, args + list(extra), ctl, wait)
+        return Dpu(self, args + list(extra), ctl, wait, prefix)
 
     def run_dpu(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """`dpu run ...` in the dpu namespace, expected to exit by itself (errors)."""
@@ -238,10 +240,10 @@ class Lab:
 class Dpu:
     """`dpu run` as a child process in the lab's dpu namespace."""
 
-    def __init__(self, lab: Lab, args: list, ctl: str, wait: bool):
+    def __init__(self, lab: Lab, args: list, ctl: str, wait: bool, prefix: tuple = ()):
         self.lab, self.ctl = lab, ctl
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", lab.ns["dpu"], sys.executable, "-m", "dpu.cli", "run", *args],
+            [*prefix, "ip", "netns", "exec", lab.ns["dpu"], sys.executable, "-m", "dpu.cli", "run", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=cleanup.die_with_parent)
         lab.procs.append(self.proc)
         self.stderr_lines: list[str] = []
