@@ -1,11 +1,13 @@
 """`dpu run` as a service (issue 30, "Signals and state"): SIGHUP reloads, every other
 terminating signal stops it leaving nothing behind, the drops pcapng is readable while dpu
-runs and after a SIGKILL, systemd's readiness protocol, the pidfile and the descriptor limit.
+runs and after a SIGKILL, systemd's readiness protocol, the pidfile, the descriptor limit
+and the systemd unit in contrib/.
 
 The live tests run dpu in tests/livelab.py's namespaces (root); the others run anywhere.
 """
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -27,6 +29,7 @@ from dpu.service import STOP_SIGNALS, Notifier, PidFile, Signals
 live = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ethtool"),
                           reason="live tests need root and ethtool (network namespaces, AF_PACKET)")
 needs_tshark = pytest.mark.skipif(not shutil.which("tshark"), reason="tshark is not installed (apt-get install tshark)")
+UNIT = os.path.join(ROOT, "contrib", "systemd", "dpu.service")
 MB = 1 << 20
 
 
@@ -361,3 +364,41 @@ def test_pidfile_of_a_running_process_is_refused(lab, tmp_path):
     r = lab.run_dpu("--config", topo, "--port", "vm1=vm1", "--ctl", ctl, "--pidfile", str(other))
     assert r.returncode == 1 and "holds something other than a process id" in r.stderr, r.stderr
     assert other.read_text() == "not a pid\n"
+
+
+# ---- the systemd unit ---------------------------------------------------------------------------
+
+def _unit(path: str) -> dict:
+    out: dict = {}
+    section = None
+    for line in open(path):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        k, v = line.split("=", 1)
+        out.setdefault(section, {})[k] = v
+    return out
+
+
+def test_systemd_unit_runs_dpu_as_a_notify_service():
+    """Type=notify, reload by SIGHUP, and an ExecStart whose options dpu run accepts (with
+    the defaults file's DPU_ARGS)."""
+    from dpu.cli import _parser
+
+    u = _unit(UNIT)
+    svc = u["Service"]
+    assert svc["Type"] == "notify" and svc["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    env = dict(line.strip().split("=", 1) for line in open(os.path.join(ROOT, "contrib", "systemd", "dpu.default"))
+               if line.strip() and not line.startswith("#"))
+    cmd = shlex.split(svc["ExecStart"].replace("$DPU_ARGS", shlex.split(env["DPU_ARGS"])[0]))
+    assert os.path.basename(cmd[0]) == "dpu" and cmd[1] == "run"
+    args = _parser().parse_args(cmd[1:])
+    assert args.pidfile == svc["PIDFile"] and args.ctl.startswith("/run/" + svc["RuntimeDirectory"] + "/")
+    assert int(svc["LimitNOFILE"]) >= 4096
+    if shutil.which("systemd-analyze"):
+        r = subprocess.run(["systemd-analyze", "verify", UNIT], capture_output=True, text=True, timeout=60)
+        problems = [line for line in r.stderr.splitlines() if "dpu.service" in line and "/usr/local/bin/dpu" not in line]
+        assert not problems, r.stderr
