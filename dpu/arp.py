@@ -16,6 +16,7 @@ kernel hands every socket its copy, so the workers' traffic is untouched.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import select
 import socket
 import struct
@@ -23,6 +24,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
+
+log = logging.getLogger("dpu.arp")
 
 ETH_P_ARP = 0x0806
 PACKET_OUTGOING = 4
@@ -210,6 +213,4 @@ class Resolver:
         try:
             self.inst.set_resolved(h.which, h.mac)
         except Exception as e:  # noqa: BLE001 - keep resolving; say why this one did not apply
-            import sys
-
-            print(f"dpu: next hop {h.which} {h.ip}: {e}", file=sys.stderr)
+            log.warning("next hop %s %s: %s", h.which, h.ip, e, extra={"nexthop": h.which})

@@ -14,7 +14,7 @@ import tempfile
 import time
 from typing import Iterable, List, Optional, Sequence, Tuple
 
-from . import cleanup
+from . import cleanup, logs
 from .errors import DpuError, DpuIOError, InvalidArgumentError, from_os_error, show_path
 
 
@@ -740,6 +740,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = _Parser(prog="dpu", description="A userspace packet dataplane.")
     p.add_argument("--version", action="version", version=f"dpu {_version()}")
+    logs.add_arguments(p, top=True)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -935,6 +936,8 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"frames a worker takes from a queue at a time, as dpu run --burst (1-{_core.MAX_BURST}, "
                          f"default {_core.DEFAULT_BURST}; Open vSwitch takes 32)")
     sp.set_defaults(func=cmd_bench)
+    for sp in sub.choices.values():  # before or after the command's name
+        logs.add_arguments(sp)
     return p
 
 
@@ -973,29 +976,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     DPU_TRACEBACK=1 asks for it)."""
     try:
         args = _parser().parse_args(argv)
+        logs.setup(args.log_level, args.log_format)
         return args.func(args) or 0
     except DpuError as e:
         msg = str(e)
         if isinstance(e.file, str) and e.file and not e.file.isprintable():  # a name with a newline: one line
             msg = msg.replace(e.file, show_path(e.file))
-        print(f"dpu: {type(e).__name__}: {msg}", file=sys.stderr)
+        logs.last_word(f"{type(e).__name__}: {msg}")
         return 1
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:  # a file the checks above could not foresee (e.g. it vanished meanwhile)
-        print(f"dpu: {type(e).__name__}: {from_os_error(e)}", file=sys.stderr)
+        logs.last_word(f"{type(e).__name__}: {from_os_error(e)}")
         return 1
     except KeyboardInterrupt:
         return 130
     except MemoryError:
-        print("dpu: out of memory", file=sys.stderr)
+        logs.last_word("out of memory")
         return 1
     except Exception as e:  # noqa: BLE001 - the guard: a bug still ends in one line, not a traceback
         if os.environ.get("DPU_TRACEBACK"):
             raise
-        print(f"dpu: internal error: {type(e).__name__}: {e} (a bug in dpu; DPU_TRACEBACK=1 shows where)",
-              file=sys.stderr)
+        logs.last_word(f"internal error: {type(e).__name__}: {e} (a bug in dpu; DPU_TRACEBACK=1 shows where)")
         return 70
 
 

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import _core
+from . import _core, logs
 from .control import check_ctl_path
 from .dataplane import Dataplane, read_flows_file
 from .errors import DpuError, LiveError
@@ -333,12 +333,11 @@ class Instance:
           (vxlan_bad_checksum), which a Linux sender behind a veth leaves to offload and XDP
           sees before the kernel would finish them (docs/live.md, "Offloads").
         Each names what to turn off on the device that sends them."""
-        import sys
 
         def tell(ifname: str, what: str, text: str) -> None:
             if (ifname, what) not in self._offloads_told:
                 self._offloads_told.add((ifname, what))
-                print(f"dpu: warning: interface {ifname} {text}", file=sys.stderr, flush=True)
+                log.warning("interface %s %s", ifname, text, extra={"interface": ifname})
 
         for q in self.interface_stats():
             for what, features in q.get("unsupported_offloads", ()):
@@ -500,33 +499,6 @@ class Instance:
         return "\n".join(lines)
 
 
-class _Format(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return f"dpu: {record.levelname.lower()}: {record.getMessage()}"
-
-
-def log_to_stderr() -> None:
-    """What dpu's loggers say goes to stderr as ``dpu: LEVEL: message`` lines, from the
-    level DPU_LOG names (debug, info, warning, error; default info)."""
-    import sys
-
-    root = logging.getLogger("dpu")
-    if any(getattr(h, "_dpu", False) for h in root.handlers):
-        return
-    name = os.environ.get("DPU_LOG", "info").strip().upper()
-    level = logging.getLevelName(name)
-    if not isinstance(level, int):
-        print(f"dpu: warning: DPU_LOG={os.environ['DPU_LOG']!r} is not a level (debug, info, warning, error); "
-              "using info", file=sys.stderr)
-        level = logging.INFO
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(_Format())
-    h._dpu = True
-    root.addHandler(h)
-    root.setLevel(level)
-    root.propagate = False
-
-
 def reload_text(res: dict) -> Tuple[str, List[str]]:
     """What a reload did, as `dpu reload` and SIGHUP say it: a line and the warnings."""
     cut = f", {res['connections_cut']} connections cut (security groups)" if "connections_cut" in res else ""
@@ -543,7 +515,7 @@ def run(opts: LiveOptions, out=None) -> int:
     import sys
 
     out = out or sys.stdout
-    log_to_stderr()
+    logs.setup(keep=True)  # as the command line chose it (dpu.cli), else DPU_LOG's level, as text
     check_fd_limit(*fd_need(queue_count(opts), len(opts.ports) if opts.io == "afxdp" else 0, bool(opts.ctl),
                             bool(opts.metrics)))
     pidfile = PidFile(os.fspath(opts.pidfile)) if opts.pidfile else None
@@ -556,7 +528,7 @@ def run(opts: LiveOptions, out=None) -> int:
         inst.notifier = Notifier()
         inst.open()
         for w in inst.warnings:
-            print(f"dpu: warning: {w}", file=sys.stderr)
+            log.warning("%s", w)
         try:
             if inst.stop_signal is None:  # else: stopped while it started; nothing to undo but open()'s
                 start_and_announce(inst, pidfile)
@@ -575,8 +547,6 @@ def run(opts: LiveOptions, out=None) -> int:
 def start_and_announce(inst: Instance, pidfile: Optional[PidFile]) -> None:
     """The workers started, then the pidfile, the line on stderr and READY=1: whoever
     waits for any of them finds dpu forwarding."""
-    import sys
-
     try:
         inst.start()
     except DpuError as e:
@@ -588,8 +558,11 @@ def start_and_announce(inst: Instance, pidfile: Optional[PidFile]) -> None:
         extra.append(f"control {inst.opts.ctl}")
     if inst.metrics:
         extra.append(f"metrics http://{inst.metrics.address}/metrics")
-    print(f"dpu: {inst.status_text()}" + (f"; {', '.join(extra)}" if extra else "")
-          + " (SIGINT or SIGTERM stops, SIGHUP reloads)", file=sys.stderr, flush=True)
+    opts = inst.opts
+    fields = {"ports": dict(opts.ports), "workers": opts.workers, "io": opts.io,
+              "ctl": opts.ctl if inst.control else None, "metrics": inst.metrics.address if inst.metrics else None}
+    log.info("%s%s (SIGINT or SIGTERM stops, SIGHUP reloads)", inst.status_text(),
+             f"; {', '.join(extra)}" if extra else "", extra=fields)
     inst.notifier.ready(inst.status_text())
 
 

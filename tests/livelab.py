@@ -258,7 +258,7 @@ class Dpu:
                 out, err = self.proc.communicate(timeout=5)
                 raise AssertionError(f"dpu run exited ({self.proc.returncode}): {''.join(self.stderr_lines)}{err}")
             self.stderr_lines.append(line)
-            if line.startswith("dpu: forwarding on"):
+            if " dpu: info: forwarding on " in line:  # after the record's time (dpu/logs.py)
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"dpu run did not start: {self.stderr_lines}")

@@ -32,6 +32,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
 
 from dpu import cleanup
@@ -439,3 +440,63 @@ def tshark(path, *args: str, prefs=("ip.check_checksum:TRUE", "udp.check_checksu
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd + list(args))} failed: {r.stderr}")
     return [l for l in r.stdout.splitlines() if l.strip()]
+
+
+# ---- dpu run on a veth ------------------------------------------------------------------------
+
+class DpuOnVeth:
+    """`dpu [GLOBAL...] run ARGS... --ctl CTL` started in a namespace of its own (`ns`) that holds
+    one veth pair, both ends up: `dpa` for dpu's ports, `dpb` its peer for the test to send from.
+    With ipv6=False the namespace has IPv6 off, so no kernel chatter (router solicitations,
+    MLD) reaches dpu and moves a counter. `with` starts it and waits for its control socket;
+    leaving stops it with SIGTERM and deletes the namespace, and then `out`, `err` and
+    `returncode` hold what it printed and how it ended."""
+
+    def __init__(self, ctl: str, *run_args: str, global_args=(), ipv6: bool = True, cwd: str | None = None):
+        self.ctl, self.ns = ctl, f"dpuveth-{os.getpid()}-{next(_counter)}"
+        self.cmd = ["ip", "netns", "exec", self.ns, sys.executable, "-m", "dpu.cli", *global_args, "run",
+                    *run_args, "--ctl", ctl]
+        self.ipv6, self.cwd, self.proc = ipv6, cwd, None
+        self.out = self.err = ""
+        self.returncode = None
+
+    def __enter__(self) -> "DpuOnVeth":
+        sh("ip", "netns", "add", self.ns)
+        try:
+            if not self.ipv6:
+                for key in ("net.ipv6.conf.all.disable_ipv6", "net.ipv6.conf.default.disable_ipv6"):
+                    sysctl(self.ns, key, 1)
+            ip(self.ns, "link", "add", "dpa", "type", "veth", "peer", "name", "dpb")
+            ip(self.ns, "link", "set", "dpa", "up")
+            ip(self.ns, "link", "set", "dpb", "up")
+            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                         cwd=self.cwd)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(self.ctl) and self.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not os.path.exists(self.ctl):
+                raise AssertionError(f"dpu run did not open {self.ctl}: {self._stop()}")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def send(self, frame: bytes) -> None:
+        """One frame into dpu's port, from the peer."""
+        with socket_in(self.ns, socket.AF_PACKET, socket.SOCK_RAW) as s:
+            s.bind(("dpb", 0))
+            s.send(frame)
+
+    def _stop(self) -> str:
+        if self.proc is not None and self.returncode is None:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+            self.out, self.err = self.proc.communicate(timeout=60)
+            self.returncode = self.proc.returncode
+        return self.err
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._stop()
+        finally:
+            sh("ip", "netns", "del", self.ns, check=False)

@@ -753,8 +753,8 @@ def test_dpu_run_outlives_a_metrics_flood(tmp_path, netns_ok):
         sh("ip", "netns", "del", ns, check=False)
     assert proc.returncode == 0, err
     assert "Traceback" not in err, err
-    assert re.search(r"^dpu: debug: raised the open-file limit from 256 to 8192", err, re.M), err
-    assert re.search(r"^dpu: warning: metrics .*: 16 clients at once, the most it serves", err, re.M), err
+    assert re.search(r"^\S+Z dpu: debug: raised the open-file limit from 256 to 8192", err, re.M), err
+    assert re.search(r"^\S+Z dpu: warning: metrics .*: 16 clients at once, the most it serves", err, re.M), err
 
 
 def test_raise_fd_limit_takes_the_hard_limit():
