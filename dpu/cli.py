@@ -402,8 +402,11 @@ def _hex_arg(text: str) -> bytes:
 def cmd_flows(args) -> int:
     _ctl_alone(args, "flows")
     if args.ctl:
-        return cmd_dump_flows(argparse.Namespace(ctl=args.ctl, match="", strict=False))
+        return cmd_dump_flows(argparse.Namespace(ctl=args.ctl, match="", strict=False, json=args.json))
     dp = _build(args)
+    if args.json:
+        _print_json({"groups": [g.as_dict() for g in dp.dump_groups()], "flows": [f.as_dict() for f in dp.dump_flows()]})
+        return 0
     # Groups first, as group_id= lines: the listing reads back as a flows file.
     for g in dp.dump_groups():
         print(g.text)
@@ -420,7 +423,10 @@ def cmd_compile(args) -> int:
         from .dataplane import Dataplane
 
         Dataplane.from_topology(comp.topology)
-    sys.stdout.write(comp.text())
+    if args.json:
+        _print_json(comp.as_dict())
+    else:
+        sys.stdout.write(comp.text())
     return 0
 
 
@@ -445,8 +451,12 @@ def cmd_gen(args) -> int:
     from .report import rate_text
 
     # Onto stderr when the capture went to stdout (-o /dev/stdout): not into the capture.
-    print(f"wrote {n} packets to {args.output} in {dt:.2f}s ({rate_text(n / dt) if dt > 0 else '-'})",
-          file=sys.stderr if _is_stdout(args.output) else sys.stdout)
+    where = sys.stderr if _is_stdout(args.output) else sys.stdout
+    if args.json:
+        print(json.dumps({"packets": n, "output": args.output, "seconds": round(dt, 6),
+                          "pps": round(n / dt, 1) if dt > 0 else None}, sort_keys=True), file=where)
+        return 0
+    print(f"wrote {n} packets to {args.output} in {dt:.2f}s ({rate_text(n / dt) if dt > 0 else '-'})", file=where)
     return 0
 
 
@@ -493,10 +503,12 @@ def cmd_ct(args) -> int:
             _die("ct --ctl acts on the running dpu: --in, --flows and --config are for offline use")
         if args.action == "flush":
             n = _ctl(args, "ct-flush", zone=args.zone)
-            print(f"flushed {n} connections")
+            if args.json:
+                _print_json({"flushed": n})
+            else:
+                print(f"flushed {n} connections")
         else:
-            for line in _ctl(args, "ct-dump", zone=args.zone):
-                print(line)
+            _print_rows(_ctl(args, "ct-dump", zone=args.zone, **_json_request(args)), "connections", args)
         return 0
     if args.action == "flush":
         _die("ct flush acts on a running dataplane (dpu run --ctl PATH); offline, a replay starts with an empty table")
@@ -513,8 +525,7 @@ def cmd_ct(args) -> int:
         _output_dir(args.out_dir)
     with cleanup.TempDir(prefix="dpu-ct-") as tmp:  # removed on SIGTERM too
         dp.replay(inputs, args.out_dir or tmp)
-    for c in dp.conntrack(zone=args.zone):
-        print(c)
+    _print_rows(dp.conntrack(zone=args.zone), "connections", args)
     return 0
 
 
@@ -544,9 +555,28 @@ def _ctl(args, cmd: str, **kw):
     return call(args.ctl, cmd, **kw)
 
 
+def _json_request(args) -> dict:
+    """A dump's ``json`` argument, sent only when asked: a dpu started before it existed still answers."""
+    return {"json": True} if args.json else {}
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, sort_keys=True))
+
+
+def _print_rows(rows, key: str, args) -> None:
+    """A dump: one line per row, or with --json one object ``{key: [row's fields, ...]}`` (rows
+    from the control socket come as fields already; offline ones are Flow, Group, Connection)."""
+    if args.json:
+        _print_json({key: [r if isinstance(r, dict) else r.as_dict() for r in rows]})
+        return
+    for r in rows:
+        print(r)
+
+
 def cmd_dump_flows(args) -> int:
-    for line in _ctl(args, "dump-flows", match=args.match or "", strict=args.strict):
-        print(line)
+    _print_rows(_ctl(args, "dump-flows", match=args.match or "", strict=args.strict, **_json_request(args)),
+                "flows", args)
     return 0
 
 
@@ -577,15 +607,14 @@ def cmd_del_flows(args) -> int:
 
 
 def cmd_dump_groups(args) -> int:
-    for line in _ctl(args, "dump-groups"):
-        print(line)
+    _print_rows(_ctl(args, "dump-groups", **_json_request(args)), "groups", args)
     return 0
 
 
 def cmd_stats(args) -> int:
     st = _ctl(args, "stats")
     if args.json:
-        print(json.dumps(st, sort_keys=True))
+        _print_json(st)
         return 0
     from .report import counter_tables, interfaces_table, table
 
@@ -624,7 +653,7 @@ def cmd_show(args) -> int:
     _default_ctl(args)
     s = _ctl(args, "show")
     if args.json:
-        print(json.dumps(s, sort_keys=True))
+        _print_json(s)
         return 0
     print(f"dpu pid {s['pid']}: {s['workers']} worker(s) on {s['io']}, up {s['uptime']:.0f}s"
           + (f", config {s['config']}" if s["config"] else "") + (f", flows {s['flows']}" if s["flows"] else ""))
@@ -641,7 +670,7 @@ def _show_offline(args) -> int:
     dp = _build(args)
     rows = [{"ofport": p["ofport"], "name": p["name"], "tunnel": bool(p.get("tunnel"))} for p in dp.port_info()]
     if args.json:
-        print(json.dumps({"ports": rows}, sort_keys=True))
+        _print_json({"ports": rows})
         return 0
     for r in sorted(rows, key=lambda r: r["ofport"]):
         print(f" {r['ofport']}({r['name']})" + (": tunnel" if r["tunnel"] else ""))
@@ -660,7 +689,7 @@ def cmd_evpn(args) -> int:
         _default_ctl(args)
         view = _ctl(args, "evpn")
     if args.json:
-        print(json.dumps(view, sort_keys=True))
+        _print_json(view)
         return 0
     from .mirror import evpn_text
 
@@ -752,6 +781,9 @@ def _parser() -> argparse.ArgumentParser:
                              "(default: every port the flows name, numbered 1, 2, ... in order of appearance; "
                              "`dpu show` lists them)")
 
+    def json_arg(sp, what: str):
+        sp.add_argument("--json", action="store_true", help=f"print {what}")
+
     from .live import DEFAULT_CTL
 
     def ctl_arg(sp, required_default=True):
@@ -806,6 +838,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--in", dest="inputs", action="append", default=[], metavar="PORT=FILE",
                     help="capture to replay first, building the table (repeatable)")
     sp.add_argument("--out-dir", default=None, help="where the replay writes its outputs (default: discarded)")
+    json_arg(sp, "dump: {connections: [{proto, orig, reply, zone, mark, labels, protoinfo, ...}]}; "
+                 "flush: {flushed: N}")
     ctl_arg(sp, False)
     sp.set_defaults(func=cmd_ct)
 
@@ -813,12 +847,15 @@ def _parser() -> argparse.ArgumentParser:
     pipeline_args(sp)
     sp.add_argument("file", nargs="?", help="flows file (same as --flows)")
     sp.add_argument("--plain", action="store_true", help="print re-loadable flows without counters")
+    json_arg(sp, "the groups and flows as JSON: {groups: [...], flows: [...]}, each with its fields")
     ctl_arg(sp, False)
     sp.set_defaults(func=lambda a: cmd_flows(a if a.ctl else _merge_file(a)))
 
     sp = sub.add_parser("compile", help="print the flows a tenant topology compiles to")
     sp.add_argument("topology", help="topology file (YAML)")
     sp.add_argument("--check", action="store_true", help="also load the result into a dataplane")
+    json_arg(sp, "the listing as JSON: ports, tenants, groups and flows split into their fields, "
+                 "each with its section")
     sp.set_defaults(func=cmd_compile)
 
     sp = sub.add_parser("gen", help="generate traffic from a scapy template into a pcap")
@@ -835,6 +872,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=_int_arg(0), default=0,
                     help="0: each field's values in order; other values permute them reproducibly")
     sp.add_argument("-o", "--output", required=True, help="output pcap")
+    json_arg(sp, "the summary as JSON: packets, output, seconds, pps")
     sp.set_defaults(func=cmd_gen)
 
     sp = sub.add_parser("run", help="forward between Linux interfaces until SIGINT/SIGTERM, reload on SIGHUP "
@@ -864,6 +902,7 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("dump-flows", help="print the running dpu's flows (ovs-ofctl dump-flows)")
     sp.add_argument("match", nargs="?", help="only the flows this match selects")
     sp.add_argument("--strict", action="store_true", help="exactly this match and priority")
+    json_arg(sp, "the flows as JSON: {flows: [{table, priority, cookie, match, actions, n_packets, ...}]}")
     ctl_arg(sp)
     sp.set_defaults(func=cmd_dump_flows)
 
@@ -890,6 +929,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_del_flows)
 
     sp = sub.add_parser("dump-groups", help="print the running dpu's groups")
+    json_arg(sp, "the groups as JSON: {groups: [{group_id, type, buckets, n_packets, n_bytes}]}")
     ctl_arg(sp)
     sp.set_defaults(func=cmd_dump_groups)
 
@@ -904,7 +944,7 @@ def _parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("show", help="ports with their OpenFlow numbers (ovs-ofctl show): of the running dpu, "
                                      "or of --config/--flows/--ports")
-    sp.add_argument("--json", action="store_true")
+    json_arg(sp, "the ports (and, live, pid, workers, I/O, uptime, next hops) as JSON")
     pipeline_args(sp)
     ctl_arg(sp, required_default=False)
     sp.set_defaults(func=cmd_show)

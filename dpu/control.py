@@ -81,13 +81,13 @@ class ControlServer:
         self.handlers: Dict[str, Callable[..., Any]] = {
             "ping": lambda: {"pid": os.getpid()},
             "show": lambda: inst.show(),
-            "dump-flows": lambda match, strict: [str(f) for f in inst.dp.dump_flows(match, strict)],
+            "dump-flows": lambda match, strict, json: _view(inst.dp.dump_flows(match, strict), json),
             "add-flows": lambda flows, file: inst.dp.load_numbered_flows(flows, file),
             "mod-flows": lambda flow, strict: inst.dp.mod_flows(flow, strict),
             "del-flows": lambda match, strict: inst.dp.del_flows(match, strict),
-            "dump-groups": lambda: [str(g) for g in inst.dp.dump_groups()],
+            "dump-groups": lambda json: _view(inst.dp.dump_groups(), json),
             "stats": self._stats,
-            "ct-dump": lambda zone: [str(c) for c in inst.dp.conntrack(zone=zone)],
+            "ct-dump": lambda zone, json: _view(inst.dp.conntrack(zone=zone), json),
             "ct-flush": lambda zone: inst.dp.ct_flush(zone=zone),
             "trace": self._trace,
             "reload": lambda: inst.reload(),
@@ -303,15 +303,21 @@ def _numbered(cmd: str, key: str, v: Any) -> list:
     return out
 
 
+def _view(rows, as_json: bool) -> list:
+    """A dump's answer: each row's text, or with ``json`` its fields (the row's as_dict())."""
+    return [r.as_dict() if as_json else str(r) for r in rows]
+
+
 REQUIRED = object()
 #: Each command's arguments: name -> (check, default or REQUIRED). The CLI sends all of them.
 ARGS: Dict[str, Dict[str, Tuple[Callable[[str, str, Any], Any], Any]]] = {
-    "ping": {}, "show": {}, "dump-groups": {}, "stats": {}, "reload": {}, "evpn": {},
-    "dump-flows": {"match": (_text, ""), "strict": (_flag, False)},
+    "ping": {}, "show": {}, "stats": {}, "reload": {}, "evpn": {},
+    "dump-flows": {"match": (_text, ""), "strict": (_flag, False), "json": (_flag, False)},
+    "dump-groups": {"json": (_flag, False)},
     "add-flows": {"flows": (_numbered, REQUIRED), "file": (_file, None)},
     "mod-flows": {"flow": (_text, REQUIRED), "strict": (_flag, False)},
     "del-flows": {"match": (_text, ""), "strict": (_flag, False)},
-    "ct-dump": {"zone": (_zone, None)},
+    "ct-dump": {"zone": (_zone, None), "json": (_flag, False)},
     "ct-flush": {"zone": (_zone, None)},
     "trace": {"hex": (_text, REQUIRED), "in_port": (_text, REQUIRED)},
 }

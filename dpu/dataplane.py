@@ -23,6 +23,7 @@ import numpy as np
 from . import _core
 from .errors import (DpuError, DpuIOError, FlowParseError, InvalidArgumentError, UnknownPortError, from_os_error,
                      show_path)
+from .oftext import group_fields
 
 PacketLike = Union[bytes, bytearray, memoryview, Any]  # Any: a scapy packet
 
@@ -64,6 +65,14 @@ class Flow(str):
             parts.append(self.match)
         return ",".join(parts) + f",actions={self.actions}"
 
+    def as_dict(self) -> Dict[str, Any]:
+        """The line's fields under the names it shows them by (``dpu dump-flows --json``): the
+        cookie in hex as printed, the match without its ``priority=``, which has its own field."""
+        match = ",".join(x for x in self.match.split(",") if x and not x.startswith("priority="))
+        return {"cookie": f"{self.cookie:#x}", "duration": round(self.duration, 3), "table": self.table,
+                "n_packets": self.n_packets, "n_bytes": self.n_bytes, "priority": self.priority,
+                "match": match, "actions": self.actions}
+
 
 class Group(str):
     """One line of :meth:`Dataplane.dump_groups`."""
@@ -76,6 +85,11 @@ class Group(str):
         self = super().__new__(cls, f"{text} (n_packets={n_packets}, n_bytes={n_bytes})")
         self.group_id, self.n_packets, self.n_bytes, self.text = group_id, n_packets, n_bytes, text
         return self
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The line's fields (``dpu dump-groups --json``): group_id, type, buckets (each with
+        bucket_id, weight for a select group, actions) and the counters."""
+        return {**group_fields(self.text), "n_packets": self.n_packets, "n_bytes": self.n_bytes}
 
 
 class Connection(str):
@@ -99,6 +113,15 @@ class Connection(str):
         for k in ("proto", "zone", "orig", "reply", "mark", "label", "state", "expires_in", "snat", "dnat", "key"):
             setattr(self, k, d[k])
         return self
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The line's fields under dump-conntrack's names (``dpu ct dump --json``): the protocol
+        as the line starts, orig, reply, zone, mark, labels (hex) and protoinfo ({"state": ...},
+        null without one), with what the line leaves out: expires_in (seconds) and snat, dnat."""
+        return {"proto": self.split(",", 1)[0], "orig": self.orig, "reply": self.reply, "zone": self.zone,
+                "mark": self.mark, "labels": f"{self.label:#x}",
+                "protoinfo": {"state": self.state} if self.state else None,
+                "expires_in": round(self.expires_in, 3), "snat": self.snat, "dnat": self.dnat}
 
 
 @dataclass

@@ -169,7 +169,7 @@ BAD_REQUESTS = [
     ("args to a command without", b'{"cmd": "show", "args": {"x": 1}}', "InvalidArgumentError",
      "show takes no arguments, got 'x'"),
     ("unknown argument", b'{"cmd": "dump-flows", "args": {"table": 0}}', "InvalidArgumentError",
-     "dump-flows: unknown argument 'table' (it takes match, strict)"),
+     "dump-flows: unknown argument 'table' (it takes match, strict, json)"),
     ("nested 100,000 deep", DEEP, "InvalidArgumentError", "nested too deeply"),
     ("nested deep in args", b'{"cmd": "show", "args": {"a": ' + DEEP + b"}}", "InvalidArgumentError",
      "nested too deeply"),

@@ -101,6 +101,31 @@ class Compiled:
             out.append(text)
         return "\n".join(out) + "\n"
 
+    def as_dict(self) -> Dict[str, Any]:
+        """What :meth:`text` lists, as fields (``dpu compile --json``): the ports' roles, each
+        tenant's VNI, zone, ports, NAT and connection limit, then the groups and flows split
+        into their ovs-ofctl fields, each with the ``section`` comment it is listed under."""
+        from ..oftext import flow_fields, group_fields
+
+        topo, u = self.topology, self.topology.uplink
+        tenants = []
+        for t in topo.tenants.values():
+            nat = None
+            if t.nat:
+                nat = {"snat": [str(a) for a in t.nat.snat],
+                       "floating": [{"private": str(priv), "public": str(pub)} for priv, pub in t.nat.floating],
+                       "forwards": [{"proto": f.proto, "public": str(f.public), "port": f.port, "to": str(f.to),
+                                     "to_port": f.to_port} for f in t.nat.forwards],
+                       "endpoint_independent_filtering": t.nat.endpoint_independent_filtering}
+            tenants.append({"name": t.name, "vni": t.vni, "zone": t.zone, "ports": list(t.ports), "nat": nat,
+                            "connection_limit": t.connection_limit or None})
+        return {"source": str(topo.source),
+                "uplink": {"port": u.port, "ip": str(u.ip), "vxlan_port": u.vxlan_port, "mtu": u.mtu},
+                "tunnel": TUNNEL_PORT, "internet": topo.internet.port if topo.internet else None,
+                "tenants": tenants,
+                "groups": [{**group_fields(text), "section": c} for text, c in self.groups],
+                "flows": [{**flow_fields(text), "section": c} for text, c in self.flows]}
+
 
 def _arp_reply(mac: str, ip: Any) -> str:
     return (
