@@ -708,6 +708,13 @@ def cmd_demo(args) -> int:
     return run_demo(out_dir=args.out_dir, packets=args.packets, as_json=args.json)
 
 
+def cmd_completion(args) -> int:
+    from .completion import script
+
+    sys.stdout.write(script(args.shell, _parser()))
+    return 0
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 
@@ -976,6 +983,14 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"frames a worker takes from a queue at a time, as dpu run --burst (1-{_core.MAX_BURST}, "
                          f"default {_core.DEFAULT_BURST}; Open vSwitch takes 32)")
     sp.set_defaults(func=cmd_bench)
+
+    from .completion import SHELLS
+
+    sp = sub.add_parser("completion", help="print the shell completion script for dpu (bash or zsh)",
+                        description="Prints a completion script generated from dpu's own argument parser. "
+                                    "bash: source <(dpu completion bash); zsh: source <(dpu completion zsh).")
+    sp.add_argument("shell", choices=SHELLS, help="the shell to complete in")
+    sp.set_defaults(func=cmd_completion)
     for sp in sub.choices.values():  # before or after the command's name
         logs.add_arguments(sp)
     return p

@@ -18,12 +18,12 @@ tuple[T, ...] (IO_BACKENDS has one or two items depending on the build).
 """
 from __future__ import annotations
 
-import argparse
-import difflib
 import os
 import re
 import sys
 from typing import Any, Iterator, List, Optional, Tuple
+
+from generated import run  # tools/generated.py, next to this script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUB = os.path.join(ROOT, "dpu", "_core.pyi")
@@ -259,29 +259,12 @@ def stub(mod: Any) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="compare with the file instead of writing it")
-    ap.add_argument("path", nargs="?", default=STUB, help=f"the stub file (default {os.path.relpath(STUB)})")
-    args = ap.parse_args(argv)
-    sys.path.insert(0, ROOT)
-    from dpu import _core
+    def make() -> str:
+        from dpu import _core
 
-    text = stub(_core)
-    if args.check:
-        try:
-            with open(args.path, encoding="utf-8") as f:
-                have = f.read()
-        except FileNotFoundError:
-            have = ""
-        if have != text:
-            sys.stdout.writelines(difflib.unified_diff(have.splitlines(True), text.splitlines(True),
-                                                       args.path, "from the binding"))
-            print(f"{args.path} differs from the binding: run python tools/gen_core_pyi.py", file=sys.stderr)
-            return 1
-        return 0
-    with open(args.path, "w", encoding="utf-8") as f:
-        f.write(text)
-    return 0
+        return stub(_core)
+
+    return run(__doc__, STUB, make, "binding", argv)
 
 
 if __name__ == "__main__":

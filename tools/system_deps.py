@@ -37,6 +37,9 @@ NEEDS: Tuple[Tuple[str, Tuple[str, ...], str], ...] = (
     ("pkg-config:libxdp libbpf", ("pkg-config", "libxdp-dev", "libbpf-dev"),
      "the AF_XDP backend (--io afxdp), found when the core is built"),
     ("python:ensurepip", ("python3-venv",), "python3 -m venv, for CI's own environment"),
+    ("man", ("man-db",), "renders docs/dpu.1 (test_completion_manpage.py)"),
+    ("groff", ("groff",), "checks docs/dpu.1 for warnings (test_completion_manpage.py)"),
+    ("zsh", ("zsh",), "checks the syntax of `dpu completion zsh`"),
 )
 
 SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")  # a user's PATH often lacks them
