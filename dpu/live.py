@@ -303,6 +303,7 @@ class Instance:
             self.signals.wait(0.5)
             if self.signals.take_reload() and self.signals.stop is None:
                 self.reload_on_signal()
+            self.tell_core()
             self.tell_offloads()
             if self.evpn is not None:
                 self.evpn.housekeeping()
@@ -324,6 +325,11 @@ class Instance:
             for w in warnings:
                 log.warning("%s", w)
         self.notifier.ready(self.status_text())
+
+    def tell_core(self) -> None:
+        """Logs what the native core said since (an interface created again, an AF_XDP queue's
+        mode): it queues records instead of writing to stderr (native/src/core_log.h)."""
+        logs.log_core(_core.take_log())
 
     def tell_offloads(self) -> None:
         """One line per interface and kind of frame a sender's offloads left for dpu that it
@@ -535,6 +541,7 @@ def run(opts: LiveOptions, out=None) -> int:
             inst.wait()
         finally:
             inst.stop()
+            inst.tell_core()
             if pidfile:
                 pidfile.remove()
         print(inst.final_report(), file=out, flush=True)
@@ -551,6 +558,7 @@ def start_and_announce(inst: Instance, pidfile: Optional[PidFile]) -> None:
         inst.start()
     except DpuError as e:
         raise LiveError(str(e)) from None
+    inst.tell_core()  # what opening the queues said, before the line that says dpu forwards
     if pidfile:
         pidfile.write()
     extra = []

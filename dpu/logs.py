@@ -32,7 +32,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
@@ -156,6 +156,19 @@ def setup(level: Optional[str] = None, fmt: Optional[str] = None, keep: bool = F
         root.warning("%s=%r is not a level (%s); using %s", ENV_LEVEL, bad_env, ", ".join(LEVELS), DEFAULT_LEVEL)
 
 
+def log_core(records: Iterable[Tuple[str, float, str]]) -> None:
+    """What the native core said ((level, unix time, text), as ``_core.take_log()`` gives them:
+    native/src/core_log.h) as records of the ``dpu.core`` logger, each with the time it was
+    said, not the time it is logged."""
+    log = logging.getLogger("dpu.core")
+    for level, when, text in records:
+        levelno = getattr(logging, level.upper(), logging.INFO)
+        if log.isEnabledFor(levelno):
+            rec = log.makeRecord(log.name, levelno, "(native core)", 0, "%s", (text,), None)
+            rec.created, rec.msecs = when, (when - int(when)) * 1000
+            log.handle(rec)
+
+
 def last_word(text: str) -> None:
     """A command's failure: ``dpu: TEXT`` on stderr, one line as the README promises; with
     ``--log-format json`` an error record instead, so a collector sees why dpu stopped."""
@@ -179,5 +192,5 @@ def add_arguments(parser: argparse.ArgumentParser, top: bool = False) -> None:
                              "json: one object per line (time, level, logger, message, fields) (default: text)")
 
 
-__all__ = ["FORMATS", "JsonFormatter", "LEVELS", "TextFormatter", "add_arguments", "fields", "last_word", "setup",
-           "stderr_is_journal"]
+__all__ = ["FORMATS", "JsonFormatter", "LEVELS", "TextFormatter", "add_arguments", "fields", "last_word",
+           "log_core", "setup", "stderr_is_journal"]

@@ -222,8 +222,8 @@ def test_generic_xdp_when_the_driver_refuses_native(lab):
     nsexec(lab.ns["vm1"], "ethtool", "-L", "eth0", "tx", "2")  # veth: native XDP wants rx queues >= the peer's tx
     try:
         d = lab.start_dpu(extra=AFXDP)
-        notes = [line.strip() for line in d.stderr_lines if line.startswith("dpu: note:")]
-        assert notes == ["dpu: note: interface vm1 queue 0: AF_XDP, generic XDP (SKB mode: native attach failed: "
+        notes = [line.split(" dpu: info: ", 1)[1].strip() for line in d.stderr_lines if " dpu: info: interface vm1 queue" in line]
+        assert notes == ["interface vm1 queue 0: AF_XDP, generic XDP (SKB mode: native attach failed: "
                          "No space left on device, veth: its peer transmits on more queues than this end receives "
                          "on), copy mode, multi-buffer (jumbo frames)"], d.stderr_lines
         assert "xdpgeneric" in ip(lab.ns["dpu"], "link", "show", "vm1").stdout

@@ -123,3 +123,31 @@ def test_dpu_run_at_level_warning_says_no_info(tmp_path):
     assert {m.group(1) for m in said} == {"warning"}, d.err
     assert any("vm2" in m.group(2) for m in said) and "forwarding on" not in d.err, d.err
     assert "Ports:" in d.out
+
+
+def test_what_the_native_core_says_is_a_record(tmp_path):
+    """The core queues what it says (native/src/core_log.h) and dpu run logs it: an interface
+    deleted and created again is reattached, said as an info record of dpu.core in json."""
+    if os.geteuid() != 0:
+        pytest.skip("dpu run needs root (a network namespace, AF_PACKET)")
+    from dpu.control import call
+    from helpers.wait import wait_for
+    from netns import DpuOnVeth, ip
+
+    frame = bytes.fromhex("ffffffffffff020000000111" "0806") + bytes(46)
+    with DpuOnVeth(str(tmp_path / "dpu.ctl"), "--config", TOPO, "--port", "vm1=dpa", ipv6=False,
+                   global_args=("--log-format", "json"), cwd=ROOT) as d:
+        ip(d.ns, "link", "del", "dpa")
+        ip(d.ns, "link", "add", "dpa", "type", "veth", "peer", "name", "dpb")
+        ip(d.ns, "link", "set", "dpa", "up")
+        ip(d.ns, "link", "set", "dpb", "up")
+
+        def received():  # by the new interface's sockets: reattached
+            d.send(frame)
+            return call(d.ctl, "stats")["ports"]["vm1"]["rx_packets"]
+        wait_for(received, what="dpu to receive on the interface created again")
+    assert d.returncode == 0, d.err
+    records = [json.loads(line) for line in d.err.splitlines()]
+    core = [r for r in records if r["logger"] == "dpu.core"]
+    assert [(r["level"], r["message"]) for r in core] == [("info", "interface dpa was created again: reattached")]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", core[0]["time"])

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "../src/conntrack/ct_proto.h"
+#include "../src/core_log.h"
 #include "../src/dataplane.h"
 #include "../src/dp_format.h"
 #include "../src/dpcls.h"
@@ -693,6 +694,14 @@ void bind_lists(py::module_& m) {
   m.def("drop_reasons", [] {
     std::vector<std::pair<std::string, std::string>> v;
     for (int r = 0; r < drop_reason_count(); r++) v.emplace_back(drop_reason_name(r), drop_reason_help(r));
+    return v;
+  });
+  // What the core said since the last call (core_log.h), oldest first, and forgotten here:
+  // [(level, seconds since the epoch, text)], for dpu.logs to log.
+  m.def("take_log", [] {
+    std::vector<std::tuple<std::string, double, std::string>> v;
+    for (auto& r : corelog::take())
+      v.emplace_back(corelog::level_name(r.level), static_cast<double>(r.unix_ns) / 1e9, std::move(r.text));
     return v;
   });
 

@@ -8,7 +8,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
+
+#include "core_log.h"
 
 namespace dpu {
 
@@ -169,8 +170,8 @@ bool LiveWorkers::reattach(size_t wi, int64_t now_ns) {
     const Status st = io_->reopen(spec, idx, &q);
     if (!st.ok()) {
       if (queue_failed_[wi][k] != idx)
-        std::fprintf(stderr, "dpu: warning: interface %s (queue %u) was created again; not reattached: %s\n",
-                     spec.ifname.c_str(), spec.queue, st.message.c_str());
+        corelog::say(corelog::Level::kWarning, "interface " + spec.ifname + " (queue " + std::to_string(spec.queue) +
+                                                   ") was created again; not reattached: " + st.message);
       queue_failed_[wi][k] = idx;
       queue_retry_[wi][k] = now_ns + kRetryNs;
       continue;
@@ -182,7 +183,7 @@ bool LiveWorkers::reattach(size_t wi, int64_t now_ns) {
       queue_ifindex_[wi][k] = idx;
     }
     queue_failed_[wi][k] = 0;
-    if (spec.queue == 0) std::fprintf(stderr, "dpu: interface %s was created again: reattached\n", spec.ifname.c_str());
+    if (spec.queue == 0) corelog::say(corelog::Level::kInfo, "interface " + spec.ifname + " was created again: reattached");
     changed = true;
   }
   return changed;

@@ -38,12 +38,13 @@ Status open_afxdp_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>*) {
 
 #include <cerrno>
 #include <cstddef>
-#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <map>
 #include <mutex>
 #include <vector>
+
+#include "../core_log.h"
 
 // Newer than the kernel headers Debian 12 ships (Linux 6.6): multi-buffer.
 #ifndef XDP_USE_SG
@@ -351,7 +352,7 @@ Status AfXdpQueue::open(const QueueSpec& spec) {
           (zc_ ? "zero-copy" : "copy mode") + ", " +
           (sg_ ? "multi-buffer (jumbo frames)"
                : "single buffer (frames over " + std::to_string(kChunk - XDP_PACKET_HEADROOM) + " bytes are dropped)");
-  if (fresh && (!att_->native || !sg_)) std::fprintf(stderr, "dpu: note: %s\n", desc_.c_str());
+  if (fresh && (!att_->native || !sg_)) corelog::say(corelog::Level::kInfo, desc_);
   return Status::Ok();
 }
 
