@@ -60,9 +60,9 @@ def level_name(record: logging.LogRecord) -> str:
     return record.levelname.lower()
 
 
-def _one_line(text: str) -> str:
+def _printable(text: str) -> str:
     """Control characters (an ANSI escape, a carriage return) shown, not obeyed: a log line is plain text."""
-    return "".join(ch if ch.isprintable() or ch == "\n" else f"\\x{ord(ch):02x}" for ch in text)
+    return "".join(ch if ch.isprintable() or ch == "\n" else ascii(ch)[1:-1] for ch in text)
 
 
 class TextFormatter(logging.Formatter):
@@ -76,7 +76,7 @@ class TextFormatter(logging.Formatter):
         text = record.getMessage()
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
-        lines = _one_line(text).split("\n")
+        lines = _printable(text).split("\n")
         head = f"dpu: {level_name(record)}: "
         if self.journal:
             prio = f"<{SYSLOG_PRIORITY.get(record.levelno, 6)}>"
