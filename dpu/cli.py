@@ -845,8 +845,8 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--in", dest="inputs", action="append", default=[], metavar="PORT=FILE",
                     help="capture to replay first, building the table (repeatable)")
     sp.add_argument("--out-dir", default=None, help="where the replay writes its outputs (default: discarded)")
-    json_arg(sp, "dump: {connections: [{proto, orig, reply, zone, mark, labels, protoinfo, ...}]}; "
-                 "flush: {flushed: N}")
+    json_arg(sp, "the result as JSON: dump {connections: [{proto, orig, reply, zone, mark, labels, protoinfo, "
+                 "...}]}, flush {flushed: N}")
     ctl_arg(sp, False)
     sp.set_defaults(func=cmd_ct)
 

@@ -18,6 +18,7 @@ from helpers.wait import wait_for
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPO = os.path.join(ROOT, "examples", "topology.yaml")
 NAT_TOPO = os.path.join(ROOT, "examples", "nat-gateway.yaml")
+SG_TOPO = os.path.join(ROOT, "examples", "security-groups.yaml")
 GW_MAC, VM1_MAC, INET_MAC, INET_NEXTHOP = "02:00:00:00:01:01", "02:00:00:00:01:11", "02:00:00:00:00:31", "02:00:00:00:00:32"
 
 # ---- the text, read as a reader would ------------------------------------------------------------
@@ -85,7 +86,7 @@ def run(capsys, *args):
 # ---- offline -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("topo", [TOPO, NAT_TOPO])
+@pytest.mark.parametrize("topo", [TOPO, NAT_TOPO, SG_TOPO])
 def test_compile_json_is_the_listing(capsys, topo):
     text = run(capsys, "compile", topo).splitlines()
     d = json.loads(run(capsys, "compile", topo, "--json"))
@@ -111,7 +112,9 @@ def test_compile_json_is_the_listing(capsys, topo):
     for t in d["tenants"]:
         assert f"#   tenant {t['name']} (vni {t['vni']}, conntrack zone {t['zone']}): {', '.join(t['ports'])}" in header
         if t["nat"]:
-            assert f"snat {t['nat']['snat'][0]}" in header and f"connection limit: {t['connection_limit']}" in header
+            assert f"#   tenant {t['name']} NAT: snat {t['nat']['snat'][0]}" in header
+        if t["connection_limit"]:
+            assert f"#   tenant {t['name']} connection limit: {t['connection_limit']}" in header
 
 
 def test_flows_json_is_the_listing(capsys):
