@@ -152,7 +152,7 @@ def test_sighup_reloads_under_traffic(lab, tmp_path, monkeypatch):
     finally:
         note.close()
     assert rc == 0, err
-    assert re.search(r"^dpu: info: SIGHUP: reloaded: \d+ flows added, \d+ deleted, version \d+", err, re.M), err
+    assert re.search(r"^\S+Z dpu: info: SIGHUP: reloaded: \d+ flows added, \d+ deleted, version \d+", err, re.M), err
     assert "Ran " in out and "Traceback" not in err
     assert not os.path.exists(d.ctl) and not pidfile.exists()
 
@@ -210,7 +210,7 @@ def test_a_refused_reload_keeps_dpu_running(lab, tmp_path, monkeypatch):
     finally:
         note.close()
     assert rc == 0, err
-    assert re.search(r"^dpu: error: SIGHUP: reload refused, the running tables stay: TopologyError: .*", err, re.M), err
+    assert re.search(r"^\S+Z dpu: error: SIGHUP: reload refused, the running tables stay: TopologyError: .*", err, re.M), err
     assert [m.get("READY") or m.get("RELOADING") or m.get("STOPPING") for m in note.seen] == ["1", "1", "1", "1"]
 
 
