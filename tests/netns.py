@@ -448,7 +448,7 @@ class DpuOnVeth:
     """`dpu [GLOBAL...] run ARGS... --ctl CTL` started in a namespace of its own (`ns`) that holds
     one veth pair, both ends up: `dpa` for dpu's ports, `dpb` its peer for the test to send from.
     With ipv6=False the namespace has IPv6 off, so no kernel chatter (router solicitations,
-    MLD) reaches dpu and moves a counter. `with` starts it and waits for its control socket;
+    MLD) reaches dpu and moves a counter. `with` starts it and waits until its control socket answers;
     leaving stops it with SIGTERM and deletes the namespace, and then `out`, `err` and
     `returncode` hold what it printed and how it ended."""
 
@@ -472,14 +472,24 @@ class DpuOnVeth:
             self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                          cwd=self.cwd)
             deadline = time.monotonic() + 60
-            while not os.path.exists(self.ctl) and self.proc.poll() is None and time.monotonic() < deadline:
+            while not self._answers() and self.proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if not os.path.exists(self.ctl):
-                raise AssertionError(f"dpu run did not open {self.ctl}: {self._stop()}")
+            if not self._answers():
+                raise AssertionError(f"dpu run does not answer at {self.ctl}: {self._stop()}")
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def _answers(self) -> bool:
+        """Whether its control socket answers (the file exists a moment before it listens)."""
+        from dpu.control import call
+        from dpu.errors import ControlError
+
+        try:
+            return bool(call(self.ctl, "ping"))
+        except ControlError:
+            return False
 
     def send(self, frame: bytes) -> None:
         """One frame into dpu's port, from the peer."""
