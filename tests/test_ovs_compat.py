@@ -460,6 +460,14 @@ CASES: List[Case] = [
     Case("icmp", ["priority=30,icmp,icmp_type=8,icmp_code=0,actions=output:p2", "priority=20,icmp,icmp_type=0,actions=output:p3",
                   "priority=10,icmp,actions=mod_nw_src:10.7.7.7,output:p4"],
          [icmp4(), icmp4(type=0), icmp4(type=3, code=1), cut(icmp4(), 37), cut(icmp4(), 36)]),
+    Case("icmp-type-code-rewrite", [  # the anycast gateway's echo reply (dpu/topology/compiler.py), ICMPv6 too
+        "priority=30,icmp,icmp_type=8,icmp_code=0,nw_frag=no,actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],"
+        "mod_dl_src:02:00:00:00:00:99,move:NXM_OF_IP_SRC[]->NXM_OF_IP_DST[],mod_nw_src:10.9.9.9,"
+        "set_field:64->nw_ttl,set_field:0->icmp_type,output:p2",
+        "priority=20,icmp6,icmpv6_type=128,actions=set_field:129->icmpv6_type,set_field:1->icmpv6_code,output:p3",
+        "priority=10,icmp,actions=set_field:3->icmp_code,load:0x5->NXM_OF_ICMP_TYPE[],output:p4"],
+         [icmp4(), icmp4(ttl=1), icmp4(ttl=255, id=0xFFFF), icmp4(type=3, code=1), icmp4(flags="MF"),
+          cut(icmp4(), 37), cut(icmp4(), 36), icmp6(), cut(icmp6(), 58), cut(icmp6(), 57)]),
     # ---- fragments ------------------------------------------------------------------------------
     Case("ipv4-fragments-match", ["priority=50,udp,tp_dst=80,actions=output:p2", "priority=40,udp,tp_dst=0,nw_frag=first,actions=output:p3",
                                   "priority=30,ip,nw_frag=later,actions=output:p4", "priority=20,tcp,tp_src=0,actions=output:p2,output:p3",

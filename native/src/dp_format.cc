@@ -112,6 +112,11 @@ std::string format_dp_actions(const DpActions& acts, const PortNames* ports) {
         break;
       }
       case Dp::SET_L4: {
+        if (a.proto == kIpIcmp || a.proto == kIpIcmpv6) {  // as OVS: set(icmp(type=0,code=0))
+          s = std::string("set(") + (a.proto == kIpIcmp ? "icmp" : "icmpv6") + "(" +
+              join({win_item(a, "type", 0, 1, dec_text), win_item(a, "code", 1, 2, dec_text)}) + "))";
+          break;
+        }
         const char* n = a.proto == kIpTcp ? "tcp" : a.proto == kIpUdp ? "udp" : "sctp";
         s = std::string("set(") + n + "(" +
             join({win_item(a, "src", 0, 2, port16_text), win_item(a, "dst", 2, 4, port16_text)}) + "))";

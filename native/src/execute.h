@@ -175,11 +175,23 @@ inline void set_ipv6(Packet* p, const DpAction& a) {
 }
 
 // Ports, as OVS's odp_set_tcp/udp/sctp: TCP needs a whole header (data offset
-// >= 5 and within the datagram), UDP 8 bytes, SCTP 12.
+// >= 5 and within the datagram), UDP 8 bytes, SCTP 12. ICMP type and code
+// (the window's first word) need the header parsing reads them from: 4 bytes
+// of ICMP, 8 of ICMPv6; its checksum is updated as a port rewrite's (the
+// pseudo-header ICMPv6's covers does not change). An ICMP checksum that comes
+// to 0 is sent as 0xffff: RFC 1624 eqn. 3 gives 0 for a message of zeros
+// (an echo reply with id 0, sequence 0 and no data), where only 0xffff is
+// right, and for any other message both are.
 inline void set_l4(Packet* p, const DpAction& a) {
   const uint32_t len = l4_size(p);
   if (!len) return;
   uint8_t* l4 = p->data() + p->l4_ofs;
+  if (a.proto == kIpIcmp || a.proto == kIpIcmpv6) {
+    if (len < (a.proto == kIpIcmp ? 4u : 8u)) return;
+    apply_window(l4 + a.ofs, a, l4 + 2, nullptr, false);
+    if (a.proto == kIpIcmp && load16(l4 + 2) == 0) store16(l4 + 2, 0xffff);
+    return;
+  }
   if (a.proto == kIpSctp) {
     if (len < 12) return;
     // As OVS: the CRC32c (stored little-endian) is patched by the difference

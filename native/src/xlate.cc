@@ -527,6 +527,13 @@ void XlateCtx::commit() {
       (f.nw_proto == kIpTcp || f.nw_proto == kIpUdp || f.nw_proto == kIpSctp)) {
     emit_set(Dp::SET_L4, reinterpret_cast<const uint8_t*>(&f.tp_src), reinterpret_cast<const uint8_t*>(&p.tp_src),
              0, 4, 0, 0, f.nw_proto);
+  } else if ((type == kEthIp || type == kEthIpv6) && (p.tp_src || p.tp_dst) &&
+             f.nw_proto == (type == kEthIp ? kIpIcmp : kIpIcmpv6)) {
+    // ICMP type and code: the low bytes of tp_src and tp_dst, the first two
+    // bytes of the header on the wire.
+    const uint8_t v2[2] = {reinterpret_cast<const uint8_t*>(&f.tp_src)[1], reinterpret_cast<const uint8_t*>(&f.tp_dst)[1]};
+    const uint8_t m2[2] = {reinterpret_cast<const uint8_t*>(&p.tp_src)[1], reinterpret_cast<const uint8_t*>(&p.tp_dst)[1]};
+    emit_set(Dp::SET_L4, v2, m2, 0, 2, 0, 0, f.nw_proto);
   }
   std::memcpy(&base_, &flow_, kKeyBytes);
   std::memset(&pending_, 0, sizeof pending_);
