@@ -276,7 +276,7 @@ class Model:
         self.per = {}
         for tn, tt in t.tenants.items():
             self.vni_tenant[tt.vni] = tn
-            d = collections.namedtuple("T", "vni gw ports remote vteps flood answers routes")(
+            d = collections.namedtuple("T", "vni gw ports remote vteps flood answers routes gws")(
                 tt.vni,
                 mac(tt.gateway_mac),
                 {p: (mac(e.mac), e.ip.packed) for p, e in tt.ports.items()},
@@ -285,6 +285,7 @@ class Model:
                 [v.packed for v in tt.flood],
                 {},
                 {},
+                {gw.packed for _, gw in tt.subnets},
             )
             for _, gw in tt.subnets:
                 d.answers[gw.packed] = d.gw
@@ -324,8 +325,9 @@ class Model:
         my_mac, my_ip = self.port_ep[port]
         k = Key(f)
         # table 0: the port's own MAC, untagged, with its own IPv4/ARP sender (or a DHCP/ARP probe)
-        accepted = False
+        accepted = own = False
         if len(f) >= 14 and k.dl_src == my_mac and not k.vlan and k.dl_type != ETH_VLAN and k.dl_type != ETH_QINQ:
+            own = True
             if k.dl_type == ETH_IP and k.ip_ok:
                 accepted = k.nw_src == my_ip or (
                     k.nw_src == b"\0\0\0\0" and k.nw_dst == b"\xff\xff\xff\xff" and k.nw_proto == 17
@@ -333,8 +335,8 @@ class Model:
                 # (a fragment's ports read as 0 when matching: README, frag mode "normal")
             elif k.dl_type == ETH_ARP and k.arp_ok:
                 accepted = k.sha == my_mac and k.nw_src in (my_ip, b"\0\0\0\0")
-        if not accepted:
-            e.reason = "spoofed"
+        if not accepted:  # IPv6 from its own MAC: not carried, and not spoofing either
+            e.reason = "ipv6_unsupported" if own and k.dl_type == ETH_IP6 else "spoofed"
             return
         # table 10: ARP about the port's own address is flooded (probe, gratuitous) ...
         if k.arp_ok and k.nw_dst == my_ip:
@@ -351,6 +353,8 @@ class Model:
             r[o + 8:o + 14] = m
             r[o + 14:o + 18] = k.nw_dst
             e.outs.append(("port", port, bytes(r)))
+            return
+        if k.dl_dst == T.gw and self._gateway_echo(port, f, k, T, e):
             return
         if k.dl_dst == T.gw:   # routed by the anycast gateway to the tenant's endpoints, else unroutable
             if k.dl_type == ETH_IP and k.ip_ok and k.nw_dst in T.routes:
@@ -373,6 +377,35 @@ class Model:
             e.reason = "unroutable"
             return
         self._l2(port, f, k.dl_dst, T, e)
+
+    def _gateway_echo(self, port, f, k, T, e):
+        """Table 10: an ICMP echo request (not a fragment) to one of the tenant's gateway
+        addresses comes back out its port as the reply: MACs and addresses swapped, TTL 64,
+        type 0; the IPv4 checksum updated word by word (TTL, then the addresses) and the
+        ICMP one for its first word, each step RFC 1624 eqn. 3 as the datapath does it
+        (an ICMP checksum of 0 sent as 0xffff)."""
+        if not (k.dl_type == ETH_IP and k.ip_ok and k.nw_proto == 1 and not k.frag and k.l4 is not None
+                and (k.tp_src, k.tp_dst) == (8, 0) and k.nw_dst in T.gws):
+            return False
+        o, l4 = k.l3, k.l4
+        r = bytearray(f)
+        r[0:6], r[6:12] = f[6:12], T.gw
+        r[o + 8] = 64
+        r[o + 12:o + 16], r[o + 16:o + 20] = f[o + 16:o + 20], f[o + 12:o + 16]
+        r[l4] = 0
+
+        def step(csum_at, word_at):
+            old, new = (struct.unpack("!H", bytes(x[word_at:word_at + 2]))[0] for x in (f, r))
+            hc = struct.unpack("!H", bytes(r[csum_at:csum_at + 2]))[0]
+            r[csum_at:csum_at + 2] = struct.pack("!H", (~fold((~hc & 0xFFFF) + (~old & 0xFFFF) + new)) & 0xFFFF)
+
+        for w in (8, 12, 14, 16, 18):
+            step(o + 10, o + w)
+        step(l4 + 2, l4)
+        if r[l4 + 2:l4 + 4] == b"\0\0":  # as 0xffff (right for a message of zeros too: execute.h)
+            r[l4 + 2:l4 + 4] = b"\xff\xff"
+        e.outs.append(("port", port, bytes(r)))
+        return True
 
     def _l2(self, port, f, dst, T, e):
         """Table 20: the tenant's own MACs, then other tenants' MACs (isolation), then flooding."""
@@ -832,6 +865,10 @@ def seeds(m):
                 out.append((a, eth(rm, am, ETH_IP, ipv4(ai, ipb("10.0.0.21"), 6, tcp_seg(1, 2)))))
             for ip, dm in list(T.routes.items())[:3]:
                 out.append((a, eth(T.gw, am, ETH_IP, ipv4(ai, ip, 1, b"\x08\x00\xf7\xff" + b"\0" * 4, ttl=2))))
+            for gw in sorted(T.gws):  # ping the gateway (the checksum: a right one)
+                out.append((a, eth(T.gw, am, ETH_IP, ipv4(ai, gw, 1, b"\x08\x00\xf7\xfe" + b"\0\x01\0\0", ttl=1))))
+            out.append((a, eth(mac("33:33:00:00:00:02"), am, ETH_IP6,   # its first breath: a router solicitation
+                               ipv6(ipb("fe80::1"), ipb("ff02::2"), 58, b"\x85\x00\x7b\x38" + b"\0" * 4, hlim=255))))
             for ip in list(T.answers)[:3]:
                 out.append((a, eth(BCAST, am, ETH_ARP, arp_body(1, am, ai, ZERO6, ip))))
             out.append((a, eth(BCAST, am, ETH_ARP, arp_body(1, am, b"\0" * 4, ZERO6, ai))))       # probe
@@ -1108,7 +1145,9 @@ ATTACKS = [
     ("gratuitous ARP claiming blue's vm2", "vm3", Ether(src=VM3_MAC, dst=BROADCAST) / ARP(op=2, hwsrc=VM3_MAC, psrc=VM2_IP, hwdst=BROADCAST, pdst=VM2_IP), [], "spoofed", "red"),
     ("ARP with blue's sender MAC", "vm3", Ether(src=VM3_MAC, dst=BROADCAST) / ARP(op=1, hwsrc=VM1_MAC, psrc=VM3_IP, pdst=BLUE_GW2), [], "spoofed", "red"),
     ("VLAN-tagged frame from a VM", "vm3", Ether(src=VM3_MAC, dst=RED_REMOTE_MAC) / Dot1Q(vlan=100) / IP(src=VM3_IP, dst=RED_REMOTE_IP) / UDP(), [], "spoofed", "red"),
-    ("IPv6 from a VM (no v6 addresses)", "vm1", Ether(src=VM1_MAC, dst=VM2_MAC) / IPv6() / UDP(), [], "spoofed", "blue"),
+    ("IPv6 from a VM (no v6 addresses)", "vm1", Ether(src=VM1_MAC, dst=VM2_MAC) / IPv6() / UDP(), [], "ipv6_unsupported", "blue"),
+    ("IPv6 with another VM's MAC", "vm1", Ether(src=VM2_MAC, dst=VM2_MAC) / IPv6() / UDP(), [], "spoofed", "blue"),
+    ("IPv6 from red's VM with blue's MAC", "vm3", Ether(src=VM1_MAC, dst=BROADCAST) / IPv6() / UDP(), [], "spoofed", "red"),
     ("runt frame", "vm1", bytes(udp(VM1_MAC, VM2_MAC, VM1_IP, VM2_IP))[:13], [], "spoofed", "blue"),
     # destinations that belong to the other tenant
     ("red to blue's remote MAC", "vm3", udp(VM3_MAC, BLUE_REMOTE_MAC, VM3_IP, BLUE_REMOTE_IP), [], "isolation", "red"),

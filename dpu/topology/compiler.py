@@ -13,7 +13,8 @@ Pipeline (tables):
       the tenant's VNI; decapsulated frames are accepted only for configured
       VNIs from VTEPs named for them; everything else is dropped with a reason.
   10  local ingress, L3: ARP suppression (answers for gateways and known
-      endpoints of the same tenant), routing via the anycast gateway MAC.
+      endpoints of the same tenant), routing via the anycast gateway MAC,
+      ICMP echo replies from the gateway's addresses.
   20  local ingress, L2: to local ports, VXLAN to remote endpoints, isolation
       drops for other tenants' MACs, flood group for broadcast/unknown.
   30  from the fabric, L2: to local ports only (split horizon).
@@ -252,6 +253,7 @@ def _compile_tenant(topo: Topology, t: Tenant, groups: List[Tuple[str, str]], ad
         add((f"table={T_INGRESS},priority=190,{own},udp,nw_src=0.0.0.0,nw_dst=255.255.255.255,"
              f"tp_src=68,tp_dst=67,{go}", sec))
         add((f"table={T_INGRESS},priority=100,{ck},in_port={p},actions={wmd},drop(spoofed)", sec))
+    _compile_ipv6_unsupported(t, add)
 
     # Table 0: VXLAN acceptance.
     sec = f"table {T_INGRESS}: {tname}: VXLAN from its VTEPs"
@@ -280,6 +282,7 @@ def _compile_tenant(topo: Topology, t: Tenant, groups: List[Tuple[str, str]], ad
         add((f"table={T_L3},priority=100,{ck},{md},dl_dst={t.gateway_mac},ip,nw_dst={ep.ip},"
              f"actions=mod_dl_src:{t.gateway_mac},mod_dl_dst:{ep.mac},dec_ttl,goto_table:{T_L2}", sec))
     add((f"table={T_L3},priority=50,{ck},{md},dl_dst={t.gateway_mac},actions=drop(unroutable)", sec))
+    _compile_gateway_ping(t, add)
 
     # Table 20: L2 from local ports.
     sec = f"table {T_L2}: {tname}: L2 forwarding from local ports"
@@ -307,6 +310,34 @@ def _compile_tenant(topo: Topology, t: Tenant, groups: List[Tuple[str, str]], ad
         _compile_l3vni(topo, t, add)
     if t.security:
         compile_security(topo, t, groups, add, TOPOLOGY_COOKIE, T_L3, T_FABRIC, T_L3VNI, TUNNEL_PORT, EVPN_FLOOD_GROUP)
+
+
+def _compile_ipv6_unsupported(t: Tenant, add) -> None:
+    """Table 0: IPv6 from a local port's own MAC, untagged, is dropped as
+    ``ipv6_unsupported``, charged to its tenant: tenants carry IPv4 only (the
+    schema has no IPv6 addresses), and a VM coming up sends router and
+    neighbour solicitations and MLD reports, which are not spoofing. IPv6
+    from any other MAC stays ``spoofed``."""
+    ck = f"cookie={TOPOLOGY_COOKIE | t.index:#x}"
+    sec = f"table {T_INGRESS}: tenant {t.name} (vni {t.vni}): local ports, IPv6 (not carried)"
+    for p, ep in t.ports.items():
+        add((f"table={T_INGRESS},priority=150,{ck},in_port={p},dl_src={ep.mac},vlan_tci=0x0000,ipv6,"
+             f"actions=write_metadata:{t.vni:#x},drop(ipv6_unsupported)", sec))
+
+
+def _compile_gateway_ping(t: Tenant, add) -> None:
+    """Table 10: the anycast gateway answers ICMP echo for its own addresses, as
+    a router port does (OVN's, Linux's): the request becomes the reply in place
+    (MACs and addresses swapped, type 0, TTL 64; the datapath keeps the IPv4 and
+    ICMP checksums right) and goes back out the port it came from. Fragments
+    are not answered (they stay unroutable)."""
+    ck = f"cookie={TOPOLOGY_COOKIE | t.index:#x}"
+    sec = f"table {T_L3}: tenant {t.name} (vni {t.vni}): the gateway answers ping"
+    for _, gw in t.subnets:
+        add((f"table={T_L3},priority=150,{ck},metadata={t.vni:#x},dl_dst={t.gateway_mac},icmp,nw_dst={gw},"
+             "nw_frag=no,icmp_type=8,icmp_code=0,actions=move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],"
+             f"mod_dl_src:{t.gateway_mac},move:NXM_OF_IP_SRC[]->NXM_OF_IP_DST[],mod_nw_src:{gw},"
+             "set_field:64->nw_ttl,set_field:0->icmp_type,in_port", sec))
 
 
 def _compile_l3vni(topo: Topology, t: Tenant, add) -> None:
