@@ -7,6 +7,7 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
+BUILD_ISA: str
 CT_MAX_CONNECTIONS_DEFAULT: int
 CT_MAX_CONNECTIONS_RANGE: tuple[int, ...]
 CT_TIMEOUTS: tuple[tuple[str, float, str], ...]

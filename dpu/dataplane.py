@@ -74,6 +74,31 @@ class Flow(str):
                 "match": match, "actions": self.actions}
 
 
+class Megaflow(str):
+    """One line of :meth:`Dataplane.dump_megaflows`, in ``ovs-appctl dpctl/dump-flows``'
+    shape (``MATCH, packets:N, bytes:N, used:0.120s, actions:ACTIONS``), with fields."""
+
+    worker: int
+    match: str
+    n_packets: int
+    n_bytes: int
+    actions: str
+    used: Optional[float]  # seconds since a packet last hit it (as of the last stats push); None: never
+
+    def __new__(cls, worker, match, n_packets, n_bytes, actions, used):
+        used = None if used < 0 else used
+        text = ((f"{match}, " if match else "") + f"packets:{n_packets}, bytes:{n_bytes}, "
+                + f"used:{'never' if used is None else f'{used:.3f}s'}, actions:{actions}")
+        self = super().__new__(cls, text)
+        self.worker, self.match, self.n_packets, self.n_bytes = worker, match, n_packets, n_bytes
+        self.actions, self.used = actions, used
+        return self
+
+    def as_dict(self) -> dict:
+        return {"worker": self.worker, "match": self.match, "n_packets": self.n_packets, "n_bytes": self.n_bytes,
+                "used": self.used, "actions": self.actions}
+
+
 class Group(str):
     """One line of :meth:`Dataplane.dump_groups`."""
 
@@ -744,6 +769,12 @@ class Dataplane:
     def dump_flows(self, match: str = "", strict: bool = False) -> List[Flow]:
         """The flows (optionally those a match selects), with their counters."""
         return [Flow(*row) for row in self._core.dump_flows(match, strict)]
+
+    def dump_megaflows(self) -> List["Megaflow"]:
+        """Every worker's megaflows (``ovs-appctl dpctl/dump-flows``): masked match,
+        datapath actions, packets, bytes and when last used; their counts are pushed
+        to the rules first, as dump_flows does."""
+        return [Megaflow(*row) for row in self._core.dump_megaflows()]
 
     # ---- groups ----------------------------------------------------------------------------
     def add_group(self, group: str) -> None:

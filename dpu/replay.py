@@ -159,8 +159,8 @@ class _Snapshot:
                       for f in dp.dump_flows()]
         self.groups = [{"group_id": g.group_id, "text": g.text, "n_packets": g.n_packets, "n_bytes": g.n_bytes}
                        for g in dp.dump_groups()]
-        self.megaflows = [{"worker": w, "match": m, "n_packets": p, "n_bytes": b, "actions": a}
-                          for w, m, p, b, a in dp._core.dump_megaflows()]
+        self.megaflows = [{"worker": m.worker, "match": m.match, "n_packets": m.n_packets, "n_bytes": m.n_bytes,
+                           "actions": m.actions} for m in dp.dump_megaflows()]
         self.tunnels = {p["name"] for p in dp._core.ports() if p.get("tunnel")}
 
 

@@ -520,6 +520,20 @@ void bind_seam_facts(py::module_& m) {
   for (const IoBackend* b : io_backends())
     if (b->built()) io.append(b->name());
   m.attr("IO_BACKENDS") = py::tuple(io);
+  // The x86-64 level this module was compiled for, as the compiler's macros
+  // say (setup.py chooses it; dpu_build_info's isa label).
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512CD__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VL__)
+  m.attr("BUILD_ISA") = "x86-64-v4";
+#elif defined(__AVX2__) && defined(__BMI2__) && defined(__FMA__)
+  m.attr("BUILD_ISA") = "x86-64-v3";
+#elif defined(__SSE4_2__) && defined(__POPCNT__)
+  m.attr("BUILD_ISA") = "x86-64-v2";
+#elif defined(__x86_64__)
+  m.attr("BUILD_ISA") = "x86-64";
+#else
+  m.attr("BUILD_ISA") = "unknown";
+#endif
 }
 
 // The cycle counter's calibration and the native self-tests (tests/test_selftest.py).
@@ -861,6 +875,7 @@ struct MegaflowRow {
   size_t worker;
   std::string match, actions;
   uint64_t n_packets, n_bytes;
+  double used;  // seconds since last used, -1: never
 };
 
 // Every worker's megaflows (ovs-appctl dpctl/dump-flows), each worker's
@@ -873,8 +888,9 @@ std::vector<MegaflowRow> dump_megaflows(Dataplane& dp) {
       Match m;
       m.value = d.key;
       m.mask = d.mask;
+      const double used = d.used_ns ? std::max<int64_t>(0, dp.now_ns() - d.used_ns) / 1e9 : -1.0;
       rows.push_back({i, format_match(m, 0, false, &names), format_dp_actions(*d.actions, &names), d.n_packets,
-                      d.n_bytes});
+                      d.n_bytes, used});
     });
   }
   return rows;
@@ -930,7 +946,8 @@ void bind_control(DataplaneClass& c) {
                v = dump_megaflows(dp);
              }
              py::list l;
-             for (const MegaflowRow& r : v) l.append(py::make_tuple(r.worker, r.match, r.n_packets, r.n_bytes, r.actions));
+             for (const MegaflowRow& r : v)
+               l.append(py::make_tuple(r.worker, r.match, r.n_packets, r.n_bytes, r.actions, r.used));
              return l;
            })
       .def(

@@ -93,6 +93,10 @@ struct alignas(64) Megaflow {
   CtSpecs ct_specs;
   std::vector<XcacheEntry> xcache;
   uint64_t pushed_packets = 0, pushed_bytes = 0;  // already credited to rules
+  // When its counts were last seen to move (a stats push: every API call and
+  // housekeeping round), on the dataplane's clock; 0: never. dpctl's "used",
+  // kept off the fast path.
+  int64_t used_ns = 0;
   // What its translation depended on ("Revalidation" below, revalidate.h):
   // each table lookup; whether some lookup did not see the key as it is
   // (loose); where it stands in the worker's dependency indexes (refs).

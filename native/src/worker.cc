@@ -116,13 +116,15 @@ void Worker::push_stats() {
 }
 
 void Worker::push_stats_locked() {
-  classify_.for_each_megaflow([this](Megaflow& mf, Subtable&) {
+  int64_t now = 0;  // read once, and only if something moved
+  classify_.for_each_megaflow([this, &now](Megaflow& mf, Subtable&) {
     uint64_t np = mf.n_packets.load(std::memory_order_relaxed);
     uint64_t nb = mf.n_bytes.load(std::memory_order_relaxed);
     if (np == mf.pushed_packets) return;
     dp_->credit(mf.xcache, np - mf.pushed_packets, nb - mf.pushed_bytes);
     mf.pushed_packets = np;
     mf.pushed_bytes = nb;
+    mf.used_ns = now ? now : (now = dp_->now_ns());
   });
 }
 

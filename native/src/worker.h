@@ -62,10 +62,12 @@
 namespace dpu {
 
 // One megaflow as dpctl/dump-flows shows it: the masked key and its mask
-// (Flow layout, pipeline state zero), its counts and its datapath actions.
+// (Flow layout, pipeline state zero), its counts, when it was last used (the
+// dataplane's clock, 0: never) and its datapath actions.
 struct MegaflowDump {
   Flow key{}, mask{};
   uint64_t n_packets = 0, n_bytes = 0;
+  int64_t used_ns = 0;
   const DpActions* actions = nullptr;  // valid during dump_megaflows()'s callback
 };
 
@@ -124,16 +126,19 @@ class Worker {
   // Between batches of a long-running worker (live mode): counts reach the
   // rules and a slice of conntrack expiry runs even when no packet arrives.
   void housekeeping();
-  // The megaflows in this worker's cache, one call each, the lock held.
+  // The megaflows in this worker's cache, one call each, the lock held;
+  // their latest counts pushed first (as dump_flows does), which dates their use.
   template <class F>
   void dump_megaflows(F&& each) {
     std::lock_guard<std::mutex> g(mu_);
+    push_stats_locked();
     classify_.for_each_megaflow([&each](Megaflow& mf, Subtable& st) {
       MegaflowDump d;
       std::memcpy(words(d.key), mf.key, kKeyBytes);
       std::memcpy(words(d.mask), st.mask, kKeyBytes);
       d.n_packets = mf.n_packets.load(std::memory_order_relaxed);
       d.n_bytes = mf.n_bytes.load(std::memory_order_relaxed);
+      d.used_ns = mf.used_ns;
       d.actions = &mf.actions;
       each(d);
     });
