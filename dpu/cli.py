@@ -618,6 +618,8 @@ def cmd_stats(args) -> int:
         return 0
     from .report import counter_tables, interfaces_table, table
 
+    if st.get("cleared_seconds_ago") is not None:
+        print(f"Counters since dpu clear-stats {st['cleared_seconds_ago']:.1f}s ago.\n")
     print(counter_tables(st, zones=st.get("tenant_zones") or []))  # as the final report: per tenant's zone
     if st.get("interfaces"):
         print("\nInterfaces:")
@@ -633,6 +635,67 @@ def cmd_stats(args) -> int:
         print(table(rows, ["worker", "packets", "batches", "pkts/batch", "busy", "megaflows"]))
     for name, h in (st.get("nexthops") or {}).items():
         print(f"next hop {name} {h['ip']} on {h['interface']}: {h['state']}" + (f" at {h['mac']}" if h["mac"] else ""))
+    return 0
+
+
+def cmd_dump_megaflows(args) -> int:
+    """ovs-appctl dpctl/dump-flows: each worker's megaflows, under a line naming it."""
+    rows = _ctl(args, "dump-megaflows")
+    if args.json:
+        _print_json({"megaflows": rows})  # as every dump's --json: {key: [row's fields, ...]}
+        return 0
+    from .dataplane import Megaflow
+
+    last = None
+    for r in rows:
+        if r["worker"] != last:
+            last = r["worker"]
+            print(f"flow-dump from worker {last}" + (" (api)" if last == 0 else "") + ":")
+        print(Megaflow(r["worker"], r["match"], r["n_packets"], r["n_bytes"], r["actions"],
+                       -1 if r["used"] is None else r["used"]))
+    return 0
+
+
+def cmd_replace_flows(args) -> int:
+    """ovs-ofctl replace-flows: the running dpu's flows and groups become the file's."""
+    from .dataplane import read_flows_file
+
+    numbered = read_flows_file(_input_file(args.file, "flows file"))
+    r = _ctl(args, "replace-flows", flows=[list(x) for x in numbered], file=args.file)
+    print(f"replaced: flows {r['flows_added']} added, {r['flows_modified']} modified, {r['flows_deleted']} deleted, "
+          f"{r['flows_unchanged']} unchanged; groups {r['groups_added']} added, {r['groups_modified']} modified, "
+          f"{r['groups_deleted']} deleted; version {r['version']}")
+    return 0
+
+
+def cmd_diff_flows(args) -> int:
+    """ovs-ofctl diff-flows: exit 0 when the sources hold the same flows and groups,
+    2 when they differ (1 for an error, as every command)."""
+    from . import flowdiff
+    from .control import call
+    from .dataplane import Dataplane, read_flows_file
+
+    live = {}  # a running dpu's table and ports, by source
+    for src in (args.source1, args.source2):
+        if flowdiff.source_kind(src) == "ctl":
+            live[src] = call(src[len("unix:"):] if src.startswith("unix:") else src, "flow-table")
+    ports = next(iter(live.values()))["ports"] if live else ()
+    tables = []
+    for src in (args.source1, args.source2):
+        if src in live:
+            tables.append(flowdiff.FlowTable.from_json(live[src]))
+        else:  # a file, read with a running dpu's ports when one is compared
+            tables.append(flowdiff.read_table(Dataplane(), read_flows_file(_input_file(src, "flows file")), src,
+                                              ports))
+    lines = flowdiff.diff_lines(*tables)
+    for line in lines:
+        print(line)
+    return 2 if lines else 0
+
+
+def cmd_clear_stats(args) -> int:
+    _ctl(args, "clear-stats")
+    print("cleared: dpu stats counts from now (rules, megaflows, conntrack, metrics and the final report untouched)")
     return 0
 
 
@@ -944,6 +1007,30 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", action="store_true", help="print the counters as JSON")
     ctl_arg(sp)
     sp.set_defaults(func=cmd_stats)
+
+    sp = sub.add_parser("dump-megaflows", help="the running dpu's megaflows per worker: masked match, packets, "
+                                               "bytes, used, datapath actions (ovs-appctl dpctl/dump-flows)")
+    sp.add_argument("--json", action="store_true", help="print the megaflows as JSON")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_dump_megaflows)
+
+    sp = sub.add_parser("replace-flows", help="make the running dpu's flows and groups a file's, changing only the "
+                                              "difference in one transaction (ovs-ofctl replace-flows)")
+    sp.add_argument("file", help="flows file (as dpu flows --plain and dpu compile write them)")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_replace_flows)
+
+    sp = sub.add_parser("diff-flows", help="print the flows and groups that differ between two sources, each a "
+                                           "flows file or a running dpu's control socket (ovs-ofctl diff-flows); "
+                                           "exit 0: none, 2: some")
+    sp.add_argument("source1", help="a flows file, or a control socket (unix:PATH, or a path that is a socket)")
+    sp.add_argument("source2", help="the same")
+    sp.set_defaults(func=cmd_diff_flows)
+
+    sp = sub.add_parser("clear-stats", help="dpu stats counts from now on (ovs-appctl dpif-netdev/pmd-stats-clear); "
+                                            "rules, megaflows, conntrack and metrics are untouched")
+    ctl_arg(sp)
+    sp.set_defaults(func=cmd_clear_stats)
 
     sp = sub.add_parser("reload", help="re-read the running dpu's topology (and flows) file, atomically")
     ctl_arg(sp)

@@ -11,7 +11,8 @@ bad flow reads the same whether it was refused by a file load or by a
 running instance.
 
 Commands: ping, show, dump-flows, add-flows, mod-flows, del-flows,
-dump-groups, stats, ct-dump, ct-flush, trace, reload. Each command's arguments
+dump-groups, stats, ct-dump, ct-flush, trace, reload, evpn, dump-megaflows,
+replace-flows, flow-table, clear-stats. Each command's arguments
 are checked as the CLI checks its own (:data:`ARGS`: types, ranges, text that
 is valid UTF-8) before anything runs, and every request gets an answer: bad
 JSON, JSON nested too deeply, an unknown command or argument, a bool where a
@@ -92,7 +93,12 @@ class ControlServer:
             "trace": self._trace,
             "reload": lambda: inst.reload(),
             "evpn": lambda: inst.evpn_view(),
+            "dump-megaflows": lambda: [m.as_dict() for m in inst.dp.dump_megaflows()],
+            "replace-flows": lambda flows, file: inst.dp.replace_numbered_flows(flows, file),
+            "flow-table": lambda: {**inst.dp.flow_table().as_json(), "ports": inst.dp.port_info()},
+            "clear-stats": self._clear_stats,
         }
+        self._zero: Optional[Tuple[dict, float]] = None  # clear-stats: (the counters then, when)
         self._closed = False
 
     @property
@@ -199,14 +205,31 @@ class ControlServer:
             return _error(DpuError(f"internal error: {type(e).__name__}: {e} (a bug in dpu)"))
 
     # ---- commands ----------------------------------------------------------------------
-    def _stats(self) -> dict:
+    def _counters(self) -> dict:
         st = self.inst.dp.stats()
         st["interfaces"] = self.inst.interface_stats()
+        return st
+
+    def _stats(self) -> dict:
+        st = self._counters()
+        if self._zero is not None:
+            from .report import stats_since
+
+            st = stats_since(st, self._zero[0])
+        st["cleared_seconds_ago"] = round(time.monotonic() - self._zero[1], 3) if self._zero else None
         st["nexthops"] = self.inst.resolver.status() if self.inst.resolver else {}
         from .report import tenant_zones
 
         st["tenant_zones"] = tenant_zones(self.inst.dp)  # [tenant, zone, limit]: the conntrack table's rows
         return st
+
+    def _clear_stats(self) -> dict:
+        """clear-stats (ovs-appctl dpif-netdev/pmd-stats-clear): from now on the stats
+        command counts from here. A baseline, as dpif-netdev keeps one: the counters
+        themselves have one writer each (a worker) and go on, so the final report,
+        the metrics and every rule's and megaflow's counts are untouched."""
+        self._zero = (self._counters(), time.monotonic())
+        return {"cleared": True}
 
     def _trace(self, hex: str, in_port: str) -> dict:  # noqa: A002 - the argument's name on the wire
         from dataclasses import asdict
@@ -314,6 +337,8 @@ ARGS: Dict[str, Dict[str, Tuple[Callable[[str, str, Any], Any], Any]]] = {
     "ping": {}, "show": {}, "stats": {}, "reload": {}, "evpn": {},
     "dump-flows": {"match": (_text, ""), "strict": (_flag, False), "json": (_flag, False)},
     "dump-groups": {"json": (_flag, False)},
+    "dump-megaflows": {}, "flow-table": {}, "clear-stats": {},
+    "replace-flows": {"flows": (_numbered, REQUIRED), "file": (_file, None)},
     "add-flows": {"flows": (_numbered, REQUIRED), "file": (_file, None)},
     "mod-flows": {"flow": (_text, REQUIRED), "strict": (_flag, False)},
     "del-flows": {"match": (_text, ""), "strict": (_flag, False)},

@@ -16,7 +16,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from . import _core
 from .errors import (DpuError, DpuIOError, FlowParseError, InvalidArgumentError, UnknownPortError, from_os_error,
                      show_path)
 from .oftext import group_fields
+
+if TYPE_CHECKING:
+    from .flowdiff import FlowTable
 
 PacketLike = Union[bytes, bytearray, memoryview, Any]  # Any: a scapy packet
 
@@ -577,6 +580,7 @@ class Dataplane:
             raise InvalidArgumentError(f"ports is a list of port names, not one string ({ports!r})")
         self._core = _core.Dataplane(int(workers))
         self.topology = None
+        self._groups_replaced = False  # replace_flows changed groups after the last topology load
         names = list(ports)
         if names or flows:
             with self.transaction() as t:
@@ -647,6 +651,9 @@ class Dataplane:
         t.replace_flows(f"cookie={TOPOLOGY_COOKIE:#x}/{TOPOLOGY_COOKIE_MASK:#x}")
         was = {text.split(",", 1)[0]: text for text, _ in old.groups} if old is not None else {}
         now = {text.split(",", 1)[0]: text for text, _ in comp.groups}
+        if self._groups_replaced:  # replace_flows changed groups since: those there now, their text unknown
+            have = {f"group_id={g.group_id}" for g in self.dump_groups()}
+            was = {gid: None for gid in list(was) + list(now) if gid in have}
         for gid in was:
             if gid not in now:
                 t.del_groups(gid)
@@ -666,6 +673,7 @@ class Dataplane:
         t.set_ct_config(timeouts=comp.topology.ct_timeouts, max_connections=comp.topology.ct_max_connections)
         result = t.commit()  # all of it, or (an error) none of it
         self.topology = comp
+        self._groups_replaced = False
         if any(x.security for x in comp.topology.tenants.values()):
             from .topology.security_flows import cut_connections
             # what the new security groups no longer allow is cut now, not when it idles out
@@ -769,6 +777,34 @@ class Dataplane:
     def dump_flows(self, match: str = "", strict: bool = False) -> List[Flow]:
         """The flows (optionally those a match selects), with their counters."""
         return [Flow(*row) for row in self._core.dump_flows(match, strict)]
+
+    def replace_flows(self, flows: Union[str, Iterable[str]]) -> dict:
+        """Makes the flows and groups exactly these (a multi-line string or a list, as
+        add_flows takes them), as ``ovs-ofctl replace-flows``: in one transaction, only
+        the difference changes; a flow the text has unchanged (table, priority, match,
+        cookie, actions) keeps its counters, age and cached megaflows, one whose cookie
+        or actions differ is modified in place (counters kept). Returns the counts of
+        flows and groups added, modified, deleted and unchanged, and the version."""
+        return self.replace_numbered_flows(_numbered_lines(flows), "")
+
+    def replace_flows_file(self, path: Union[str, os.PathLike]) -> dict:
+        """:meth:`replace_flows` with a flows file's (errors name its lines)."""
+        return self.replace_numbered_flows(read_flows_file(path), os.fspath(path))
+
+    def replace_numbered_flows(self, numbered: Sequence[Tuple[int, str]], path: Optional[str] = None) -> dict:
+        """:meth:`replace_flows` for (line, text) pairs read from ``path``."""
+        from . import flowdiff
+
+        r = flowdiff.replace(self, flowdiff.read_table(Dataplane(), numbered, path, self.port_info()))
+        if r["groups_added"] or r["groups_modified"] or r["groups_deleted"]:
+            self._groups_replaced = True  # a topology reload no longer knows which compiled groups are there
+        return r
+
+    def flow_table(self) -> "FlowTable":
+        """The flows and groups as :mod:`dpu.flowdiff` compares them (diff-flows)."""
+        from .flowdiff import table_of
+
+        return table_of(self)
 
     def dump_megaflows(self) -> List["Megaflow"]:
         """Every worker's megaflows (``ovs-appctl dpctl/dump-flows``): masked match,

@@ -121,20 +121,6 @@ class ReplaySummary:
         return "\n".join(lines)
 
 
-def _port_delta(after: dict, before: Optional[dict]) -> dict:
-    out = {}
-    for k, v in after.items():  # every counter the core reports (counters.def)
-        if isinstance(v, int):
-            out[k] = v - (before[k] if before else 0)
-    drops = {}
-    for r, v in after["drops"].items():
-        d = v - (before["drops"].get(r, 0) if before else 0)
-        if d:
-            drops[r] = d
-    out["drops"] = drops
-    return out
-
-
 def _counted(rows: List[dict], before: Dict[Any, dict], key: Callable[[dict], Any],
              fields: Sequence[str] = ("n_packets", "n_bytes")) -> List[dict]:
     """rows with their counters less what they were before (a row new since, or
@@ -168,11 +154,12 @@ def _fill(summary: ReplaySummary, s0: _Snapshot, s1: _Snapshot) -> None:
     """The summary's counts: s1 less s0."""
     before, tenants_before = s0.stats["ports"], s0.stats["tenants"]
     stats1 = s1.stats
-    summary.tenants = {name: _port_delta(c, tenants_before.get(name)) for name, c in stats1["tenants"].items()}
+    summary.tenants = {name: report.counters_delta(c, tenants_before.get(name))
+                       for name, c in stats1["tenants"].items()}
     ct = stats1["conntrack"]
     summary.conntrack = {"connections": ct["connections"], "zones": {str(z): n for z, n in ct["zones"].items()}}
     for name, c in stats1["ports"].items():
-        d = _port_delta(c, before.get(name))
+        d = report.counters_delta(c, before.get(name))
         summary.ports[name] = d
         if name in s1.tunnels:  # what a tunnel port carries was received or sent on its underlay too
             continue

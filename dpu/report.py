@@ -94,6 +94,45 @@ def worker_delta(after: dict, before: Optional[dict]) -> dict:
     return out
 
 
+def counters_delta(after: dict, before: Optional[dict]) -> dict:
+    """A port's or tenant's counters between two stats() calls: every number, and
+    the drops by reason that moved."""
+    out = {}
+    for k, v in after.items():  # every counter the core reports (counters.def)
+        if isinstance(v, int):
+            out[k] = v - (before[k] if before else 0)
+    drops = {}
+    for r, v in after["drops"].items():
+        d = v - (before["drops"].get(r, 0) if before else 0)
+        if d:
+            drops[r] = d
+    out["drops"] = drops
+    return out
+
+
+def stats_since(st: dict, zero: dict) -> dict:
+    """``stats()`` (with a live dpu's ``interfaces``) less an earlier snapshot of it
+    (``dpu clear-stats``): the counters of ports, tenants, tables, workers and
+    interfaces since then. Gauges stay as they are (rules in a table, megaflows,
+    conntrack), and so does conntrack (its connections are not counters)."""
+    out = dict(st)
+    out["ports"] = {n: counters_delta(c, zero["ports"].get(n)) for n, c in st["ports"].items()}
+    out["tenants"] = {n: counters_delta(c, zero["tenants"].get(n)) for n, c in st["tenants"].items()}
+    t0 = {t["table"]: t for t in zero["tables"]}
+    out["tables"] = [{**t, **{k: t[k] - t0.get(t["table"], {}).get(k, 0) for k in ("lookups", "matches", "misses")}}
+                     for t in st["tables"]]
+    w0 = zero["workers"]
+    out["workers"] = [worker_delta(w, w0[i] if i < len(w0) else None) for i, w in enumerate(st["workers"])]
+    out["workers_total"] = worker_delta(st["workers_total"], zero["workers_total"])
+    out["pmd"] = out["workers_total"]  # the old name of the same dict
+    if "interfaces" in st:
+        q0 = {(q["ofport"], q["ifname"]): q for q in zero.get("interfaces", [])}
+        out["interfaces"] = [{k: v - q0.get((q["ofport"], q["ifname"]), {}).get(k, 0)
+                              if isinstance(v, int) and k != "ofport" else v for k, v in q.items()}
+                             for q in st["interfaces"]]
+    return out
+
+
 def sum_workers(workers: Iterable[dict]) -> dict:
     total: dict = {}
     for w in workers:

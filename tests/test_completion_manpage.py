@@ -49,7 +49,7 @@ def test_the_bash_script_is_valid_bash(bash_script):
 
 def test_it_completes_the_command_names(bash_script):
     assert complete(bash_script, "") == commands()
-    assert complete(bash_script, "dump-") == ["dump-flows", "dump-groups"]
+    assert complete(bash_script, "dump-") == ["dump-flows", "dump-groups", "dump-megaflows"]
     assert complete(bash_script, "--log-level", "debug", "st") == ["stats"]  # a global option's value skipped
 
 
