@@ -21,9 +21,18 @@ tenant, reason, zone, worker, cache, table).
   dpu_security_group_rule_hits_total{tenant,group,direction,rule},
   dpu_security_group_denied_total{tenant,port,direction}
 
+  dpu_build_info{version,isa,backends} (always 1)
+  process_start_time_seconds, process_cpu_seconds_total, process_resident_memory_bytes,
+  process_open_fds, ... (prometheus_client's ProcessCollector, as every Prometheus client names them)
+
 Workers are numbered as the dataplane numbers them: worker 0 serves API calls
-(trace, control), 1..N forward. busy_ratio and packets_per_batch are over the
-interval since the previous scrape (the first scrape: since start).
+(trace, control), 1..N forward. A scrape changes nothing, so any number of
+scrapers see the same values: busy_ratio and packets_per_batch are over the
+last LOAD_WINDOW_S (10 s) of samples :class:`WorkerLoad` takes every second on a
+thread of its own, whoever scrapes; a ratio over any other window is the
+consumer's to take from the monotonic counters, e.g.
+``rate(dpu_worker_busy_seconds_total[1m]) / (rate(dpu_worker_busy_seconds_total[1m])
++ rate(dpu_worker_idle_seconds_total[1m]))``.
 
 The HTTP endpoint (:class:`MetricsServer`) serves prometheus_client's own WSGI
 application (what a scraper or promtool sees is prometheus_client's: formats,
@@ -35,12 +44,13 @@ most, the answer taken within 10 s.
 """
 from __future__ import annotations
 
+import collections
 import io
 import logging
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, Optional, Tuple
 from urllib.parse import unquote
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -62,15 +72,77 @@ PORT_COUNTERS = ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "dropped", 
 TENANT_COUNTERS = ("rx_packets", "rx_bytes", "tx_packets", "tx_bytes", "dropped")
 
 
-class Collector:
-    def __init__(self, inst) -> None:
-        self.inst = inst
-        self._last: Dict[int, Tuple[int, int, int, int]] = {}  # worker -> busy, idle, packets, batches
+LOAD_WINDOW_S = 10.0  # dpu_worker_busy_ratio and packets_per_batch: over the last 10 s
+LOAD_SAMPLE_S = 1.0   # one sample of the workers' counters a second
+
+
+class WorkerLoad:
+    """The workers' busy share and packets per batch over a fixed window, from samples
+    of their monotonic counters (busy and idle ns, packets, batches) that its own thread
+    takes every ``every`` seconds: scrapes only read them, so a second scraper or a curl
+    changes nothing. Until the window has filled, the share is since the first sample."""
+
+    def __init__(self, dp, window: float = LOAD_WINDOW_S, every: float = LOAD_SAMPLE_S) -> None:
+        self.dp, self.every = dp, every
+        self._samples: collections.deque = collections.deque(maxlen=max(2, round(window / every) + 1))
         self._mu = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.sample()
+
+    def sample(self) -> None:
+        cur = [(w["busy_ns"], w["idle_ns"], w["packets"], w["batches"]) for w in self.dp._core.stats()["workers"]]
+        with self._mu:
+            self._samples.append(cur)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="dpu-worker-load", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.sample()
+            except Exception as e:  # noqa: BLE001 - a failed sample is a log line; the gauges keep the last
+                log.debug("metrics: sampling the workers' load failed: %s: %s", type(e).__name__, e)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def ratios(self) -> Dict[int, Tuple[float, float]]:
+        """worker -> (busy / (busy + idle), packets / batches) between the window's oldest
+        and newest samples (0.0 where nothing moved)."""
+        with self._mu:
+            old, new = self._samples[0], self._samples[-1]
+        out = {}
+        for i, cur in enumerate(new):
+            prev = old[i] if i < len(old) else (0, 0, 0, 0)
+            db, di, dpk, dbt = (a - b for a, b in zip(cur, prev))
+            out[i] = (db / (db + di) if db + di > 0 else 0.0, dpk / dbt if dbt > 0 else 0.0)
+        return out
+
+
+def build_info() -> Tuple[str, str, str]:
+    """(version, the ISA the core was compiled for, the live I/O backends it has)."""
+    from . import __version__
+
+    return __version__, getattr(_core, "BUILD_ISA", "unknown"), ",".join(_core.IO_BACKENDS)
+
+
+class Collector:
+    def __init__(self, inst, load: Optional[WorkerLoad] = None) -> None:
+        self.inst = inst
+        self.load = load or WorkerLoad(inst.dp)
 
     def collect(self) -> Iterator:
         inst = self.inst
         st = inst.dp.stats(sync=False)
+        bi = GaugeMetricFamily("dpu_build_info", "the dpu that runs: version, the ISA its core was compiled for, "
+                               "its live I/O backends (always 1)", labels=["version", "isa", "backends"])
+        bi.add_metric(list(build_info()), 1)
+        yield bi
 
         fams = {}
         for c in PORT_COUNTERS:
@@ -134,23 +206,20 @@ class Collector:
                                    labels=["worker"])
         idle = CounterMetricFamily("dpu_worker_idle_seconds", "time a worker spent waiting for packets",
                                    labels=["worker"])
-        ratio = GaugeMetricFamily("dpu_worker_busy_ratio", "busy / (busy + idle) since the previous scrape",
-                                  labels=["worker"])
-        ppb = GaugeMetricFamily("dpu_worker_packets_per_batch", "packets per batch since the previous scrape",
-                                labels=["worker"])
-        with self._mu:
-            for i, w in enumerate(st["workers"]):
-                cur = (w["busy_ns"], w["idle_ns"], w["packets"], w["batches"])
-                prev = self._last.get(i, (0, 0, 0, 0))
-                self._last[i] = cur
-                db, di, dpk, dbt = (a - b for a, b in zip(cur, prev))
-                lbl = [str(i)]
-                wp.add_metric(lbl, cur[2])
-                wb.add_metric(lbl, cur[3])
-                busy.add_metric(lbl, cur[0] / 1e9)
-                idle.add_metric(lbl, cur[1] / 1e9)
-                ratio.add_metric(lbl, db / (db + di) if db + di > 0 else 0.0)
-                ppb.add_metric(lbl, dpk / dbt if dbt > 0 else 0.0)
+        ratio = GaugeMetricFamily("dpu_worker_busy_ratio", f"busy / (busy + idle) over the last "
+                                  f"{LOAD_WINDOW_S:g} s (whoever scrapes)", labels=["worker"])
+        ppb = GaugeMetricFamily("dpu_worker_packets_per_batch", f"packets per batch over the last "
+                                f"{LOAD_WINDOW_S:g} s (whoever scrapes)", labels=["worker"])
+        load = self.load.ratios()
+        for i, w in enumerate(st["workers"]):
+            lbl = [str(i)]
+            wp.add_metric(lbl, w["packets"])
+            wb.add_metric(lbl, w["batches"])
+            busy.add_metric(lbl, w["busy_ns"] / 1e9)
+            idle.add_metric(lbl, w["idle_ns"] / 1e9)
+            r, per_batch = load.get(i, (0.0, 0.0))
+            ratio.add_metric(lbl, r)
+            ppb.add_metric(lbl, per_batch)
         yield from (wp, wb, busy, idle, ratio, ppb)
 
         names = {v: k for k, v in inst.dp.ports.items()}
@@ -212,10 +281,12 @@ class MetricsServer:
     """The HTTP endpoint, bound at construction, serving from start() (see the module docstring)."""
 
     def __init__(self, host: str, port: int, inst, limits: Limits = METRICS_LIMITS) -> None:
-        from prometheus_client import make_wsgi_app
+        from prometheus_client import ProcessCollector, make_wsgi_app
 
+        self.load = WorkerLoad(inst.dp)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(Collector(inst))
+        self.registry.register(Collector(inst, self.load))
+        ProcessCollector(registry=self.registry)  # process_start_time_seconds and the other process_* metrics
         self.limits = limits
         self._host, self._port = host, port
         try:
@@ -252,10 +323,12 @@ class MetricsServer:
         return self.listener.clients
 
     def start(self) -> None:
+        self.load.start()
         self.listener.start()
 
     def close(self) -> None:
         self.listener.close()
+        self.load.close()
 
 
 def _peer(conn: socket.socket):
