@@ -56,6 +56,33 @@ def _quiet(ns: str) -> None:
         sysctl(ns, f"net.ipv6.conf.{scope}.disable_ipv6", 1, check=False)
 
 
+def skip_unless_live() -> None:
+    """Skips the calling test module (call it at its top) where the lab cannot be built."""
+    import shutil
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("live tests need root (network namespaces, AF_PACKET)", allow_module_level=True)
+    if not shutil.which("ethtool") or not shutil.which("ping"):
+        pytest.skip("live tests need ethtool and ping (apt-get install ethtool iputils-ping)", allow_module_level=True)
+
+
+def module_lab(name: str):
+    """A module-scoped `lab` fixture (``lab = module_lab("views")`` in a test module): one
+    Lab for the module's tests, closed after them, leaving nothing behind."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def lab(tmp_path_factory):
+        lab = Lab(str(tmp_path_factory.mktemp(name)))
+        yield lab
+        lab.close()
+        assert lab.leftovers() == []
+
+    return lab
+
+
 class Lab:
     def __init__(self, tmp: str, underlay_mtu: int = 1500):
         n = next(_counter)
@@ -286,4 +313,5 @@ class Dpu:
         return self.proc.returncode, out, "".join(self.stderr_lines) + err
 
 
-__all__ = ["Lab", "Dpu", "VMS", "REMOTES", "ROUTER_IP", "SERVER_IP", "INET_ROUTER_MAC", "VTEP_MAC"]
+__all__ = ["Lab", "Dpu", "VMS", "REMOTES", "ROUTER_IP", "SERVER_IP", "INET_ROUTER_MAC", "VTEP_MAC", "module_lab",
+           "skip_unless_live"]
