@@ -45,8 +45,19 @@ def test_the_gateway_answers_each_of_its_addresses():
     assert st["tenants"]["blue"]["tx_packets"] == 6 and st["tenants"]["red"]["tx_packets"] == 3
 
 
+def test_security_groups_never_judge_what_the_gateway_answers():
+    """A port whose groups allow it only DNS out still pings its gateway (security_flows.py:
+    traffic to a gateway address is never judged), and the reply comes back to it."""
+    dp = Dataplane.from_topology(os.path.join(os.path.dirname(TOPO), "security-groups.yaml"))
+    vm5_mac, vm5_ip = "02:00:00:00:01:15", "10.0.0.15"
+    [out] = dp.process(bytes(echo(vm5_mac, vm5_ip, BLUE_GW1)), in_port="vm5")
+    assert out.port == "vm5" and Ether(out.data)[ICMP].type == 0 and "ICMP" in assert_checksums(out.data)
+    assert dp.process(bytes(echo(vm5_mac, vm5_ip, "10.0.0.14")), in_port="vm5") == [], "a VM: judged, denied"
+    assert dp.stats()["ports"]["vm5"]["drops"] == {"security_group": 1}
+
+
 @pytest.mark.parametrize("what,pkt,reason", [
-    ("another tenant's gateway address is not ours", echo(VM1_MAC, VM1_IP, "10.0.2.1"), "unroutable"),
+    ("an address that is no gateway's", echo(VM1_MAC, VM1_IP, "10.0.2.1"), "unroutable"),
     ("an echo reply is not answered", echo(VM1_MAC, VM1_IP, BLUE_GW1, icmp_type=0), "unroutable"),
     ("a first fragment", echo(VM1_MAC, VM1_IP, BLUE_GW1, flags="MF"), "unroutable"),
     ("a later fragment", echo(VM1_MAC, VM1_IP, BLUE_GW1, frag=100), "unroutable"),
