@@ -542,3 +542,54 @@ def test_endpoint_independent_filtering_is_judged_after_translation():
     conns = [c for c in dp.conntrack(100) if c.orig["sport"] == 5001]
     outs, _ = send(dp, from_internet("192.0.2.98", SNAT, UDP(sport=7, dport=conns[0].reply["dport"])), "inet")
     assert ports_of(outs) == ["vm2"]
+
+
+# ---- the L3 VNI, IPv6 rules, the drops file ------------------------------------------------------------
+
+def test_routed_from_the_fabric_over_the_l3_vni_is_judged():
+    """EVPN symmetric IRB: what another host routes into the tenant's L3 VNI goes through the
+    groups like what arrives on its L2 VNI."""
+    from dpu.fabric.shadow import Learned
+    from dpu.mirror import FabricMirror
+    from helpers.packets import UPLINK_MAC
+
+    d = yaml.safe_load(open(SG_TOPO))
+    d.pop("internet")
+    d["tenants"]["blue"].pop("nat")
+    d["evpn"] = {"asn": 65000, "peers": ["172.31.0.2"]}
+    d["tenants"]["blue"]["l3vni"] = 4001
+    d["tenants"]["red"]["l3vni"] = 4002
+    topo = load_topology(d)
+    dp = Dataplane.from_topology(topo)
+    vtep, rmac = "192.0.2.9", "02:00:00:00:09:01"
+    FabricMirror(dp, topo).apply({"blue": Learned(rmacs={vtep: rmac}, routes={"10.0.5.7/32": vtep})})
+
+    def routed(l4):
+        return vxlan(Ether(src=rmac, dst=UPLINK_MAC) / IP(src="10.0.5.7", dst=VM2_IP, ttl=63) / l4, 4001, vtep)
+    outs, drops = send(dp, routed(syn(46000, 80)), "p0")
+    assert ports_of(outs) == ["vm2"] and not drops
+    outs, drops = send(dp, routed(syn(46001, 22)), "p0")
+    assert outs == [] and drops == {"security_group": 1}
+
+
+def test_ipv6_rules_compile():
+    d = yaml.safe_load(open(SG_TOPO))
+    d["tenants"]["blue"]["security_groups"]["web"]["ingress"].append({"proto": "tcp", "ports": 443, "from": "2001:db8::/32"})
+    d["tenants"]["blue"]["security_groups"]["web"]["ingress"].append({"proto": "icmpv6", "type": 128})
+    text = compile_topology(load_topology(d)).text()
+    assert "tcp6,dl_dst=02:00:00:00:01:12,ipv6_src=2001:db8::/32,tp_dst=443,actions=ct(commit,zone=100)" in text
+    assert "icmp6,dl_dst=02:00:00:00:01:12,icmp_type=128,actions=ct(commit,zone=100)" in text
+    Dataplane.from_topology(d)   # and the core takes them
+
+
+def test_denials_are_in_the_drops_file(tmp_path, tshark):
+    from scapy.all import wrpcap
+    from helpers.tshark import tshark_fields
+
+    dp = Dataplane.from_topology(SG_TOPO)
+    src = tmp_path / "vm4.pcap"
+    wrpcap(str(src), [l2(VM4_MAC, VM4_IP, GW_MAC, VM2_IP, syn(47000, 80)), l2(VM4_MAC, VM4_IP, GW_MAC, VM2_IP, syn(47001, 22))])
+    s = dp.replay({"vm4": str(src)}, tmp_path / "out", drops_pcap=tmp_path / "drops.pcapng")
+    assert s.drops == {"security_group": 1}
+    rows = tshark_fields(tshark, tmp_path / "drops.pcapng", ["frame.comment", "tcp.dstport"])
+    assert rows == [["drop_reason=security_group in_port=vm4", "22"]]
