@@ -1,6 +1,7 @@
 // afxdp.cc: AF_XDP queues (see afxdp.h): the per-interface XDP program and
 // the per-(port, worker) UMEM and XSK.
 #include "afxdp.h"
+#include "afxdp_lib.h"
 
 #include <algorithm>
 #include <string>
@@ -22,7 +23,6 @@ Status open_afxdp_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>*) {
 
 #else  // DPU_HAVE_AFXDP
 
-#include <bpf/bpf.h>
 #include <dirent.h>
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -34,7 +34,6 @@ Status open_afxdp_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>*) {
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <xdp/xsk.h>
 
 #include <cerrno>
 #include <cstddef>
@@ -68,6 +67,12 @@ constexpr uint32_t kMaxDescs = 16;     // descriptors one frame may take (multi-
 constexpr uint32_t kFillBatch = 64;    // received chunks returned to the fill ring at once (of kRxChunks)
 constexpr uint32_t kKicks = 64;        // sendto calls per kick (copy mode sends 32 frames a call)
 
+// libxdp and libbpf (afxdp_lib.h), which open_afxdp_queue loaded before anything here runs.
+const XdpLib& xdp() {
+  std::string unused;
+  return *xdp_lib(&unused);
+}
+
 Status xdp_error(const std::string& ifname, const char* what, int err) {
   std::string msg = "interface " + ifname + ": AF_XDP: " + what + ": " + std::strerror(err);
   if (err == EPERM || err == EACCES) msg += " (needs root, or CAP_NET_ADMIN, CAP_NET_RAW and CAP_BPF)";
@@ -100,7 +105,7 @@ int load_program(int map_fd, bool frags) {
   opts.sz = sizeof opts;
   opts.expected_attach_type = BPF_XDP;
   opts.prog_flags = frags ? BPF_F_XDP_HAS_FRAGS : 0;
-  return bpf_prog_load(BPF_PROG_TYPE_XDP, "dpu_xsk", "Dual BSD/GPL", prog, sizeof prog / sizeof prog[0], &opts);
+  return xdp().bpf_prog_load(BPF_PROG_TYPE_XDP, "dpu_xsk", "Dual BSD/GPL", prog, sizeof prog / sizeof prog[0], &opts);
 }
 
 // ---- per interface: program, map, link, promiscuous mode ----------------------
@@ -140,7 +145,7 @@ int link_ifindex(const XdpAttachment& a) {
   if (a.link_fd < 0) return -1;
   bpf_link_info info{};
   __u32 len = sizeof info;
-  if (bpf_obj_get_info_by_fd(a.link_fd, &info, &len) != 0) return -1;
+  if (xdp().bpf_obj_get_info_by_fd(a.link_fd, &info, &len) != 0) return -1;
   return static_cast<int>(info.xdp.ifindex);
 }
 
@@ -167,7 +172,7 @@ Status attach(const QueueSpec& spec, int ifindex, std::shared_ptr<XdpAttachment>
   auto a = std::make_shared<XdpAttachment>();
   a->ifname = spec.ifname;
   a->ifindex = ifindex;
-  a->map_fd = bpf_map_create(BPF_MAP_TYPE_XSKMAP, "dpu_xsks", sizeof(int), sizeof(int),
+  a->map_fd = xdp().bpf_map_create(BPF_MAP_TYPE_XSKMAP, "dpu_xsks", sizeof(int), sizeof(int),
                              std::max<uint32_t>({spec.n_queues, spec.n_workers, 1}), nullptr);
   if (a->map_fd < 0) return xdp_error(spec.ifname, "XSKMAP", errno);
   a->frags = true;
@@ -180,7 +185,7 @@ Status attach(const QueueSpec& spec, int ifindex, std::shared_ptr<XdpAttachment>
   bpf_link_create_opts lo{};
   lo.sz = sizeof lo;
   lo.flags = XDP_FLAGS_DRV_MODE;
-  a->link_fd = bpf_link_create(a->prog_fd, ifindex, BPF_XDP, &lo);
+  a->link_fd = xdp().bpf_link_create(a->prog_fd, ifindex, BPF_XDP, &lo);
   a->native = a->link_fd >= 0;
   if (a->native) {
     a->mode = "native XDP";
@@ -191,7 +196,7 @@ Status attach(const QueueSpec& spec, int ifindex, std::shared_ptr<XdpAttachment>
                                         ": AF_XDP: it already has an XDP program (another dpu?); "
                                         "`ip link set dev " + spec.ifname + " xdp off` if nothing needs it");
     lo.flags = XDP_FLAGS_SKB_MODE;
-    a->link_fd = bpf_link_create(a->prog_fd, ifindex, BPF_XDP, &lo);
+    a->link_fd = xdp().bpf_link_create(a->prog_fd, ifindex, BPF_XDP, &lo);
     if (a->link_fd < 0) return xdp_error(spec.ifname, "attaching the XDP program", errno);
     a->mode = std::string("generic XDP (SKB mode: native attach failed: ") + std::strerror(drv_err) +
               native_hint(drv_err) + ")";
@@ -260,7 +265,7 @@ AfXdpQueue::~AfXdpQueue() {
   if (att_ && xsk_) {
     std::lock_guard<std::mutex> g(g_attach_mu);
     if (att_->slot_owner[queue_] == this) {
-      bpf_map_delete_elem(att_->map_fd, &queue_);
+      xdp().bpf_map_delete_elem(att_->map_fd, &queue_);
       att_->slot_owner.erase(queue_);
     }
   }
@@ -270,8 +275,8 @@ AfXdpQueue::~AfXdpQueue() {
 }
 
 void AfXdpQueue::close_socket() {
-  if (xsk_) xsk_socket__delete(xsk_);
-  if (umem_) xsk_umem__delete(umem_);
+  if (xsk_) xdp().xsk_socket__delete(xsk_);
+  if (umem_) xdp().xsk_umem__delete(umem_);
   xsk_ = nullptr;
   umem_ = nullptr;
   fd_ = -1;
@@ -284,7 +289,7 @@ Status AfXdpQueue::create_socket(const QueueSpec& spec, uint16_t bind_flags) {
   uc.frame_size = kChunk;
   uc.frame_headroom = 0;
   uc.flags = 0;
-  int r = xsk_umem__create(&umem_, area_, area_bytes_, &fill_, &comp_, &uc);
+  int r = xdp().xsk_umem__create(&umem_, area_, area_bytes_, &fill_, &comp_, &uc);
   if (r) {
     umem_ = nullptr;
     return xdp_error(spec.ifname, "registering the UMEM", -r);
@@ -295,13 +300,13 @@ Status AfXdpQueue::create_socket(const QueueSpec& spec, uint16_t bind_flags) {
   sc.libxdp_flags = XSK_LIBXDP_FLAGS__INHIBIT_PROG_LOAD;  // ours is attached already
   sc.xdp_flags = 0;
   sc.bind_flags = bind_flags;
-  r = xsk_socket__create(&xsk_, spec.ifname.c_str(), queue_, umem_, &rx_, &tx_, &sc);
+  r = xdp().xsk_socket__create(&xsk_, spec.ifname.c_str(), queue_, umem_, &rx_, &tx_, &sc);
   if (r) {
     xsk_ = nullptr;
     close_socket();
     return xdp_error(spec.ifname, ("binding queue " + std::to_string(queue_)).c_str(), -r);
   }
-  fd_ = xsk_socket__fd(xsk_);
+  fd_ = xdp().xsk_socket__fd(xsk_);
   return Status::Ok();
 }
 
@@ -344,7 +349,7 @@ Status AfXdpQueue::open(const QueueSpec& spec) {
   getsockopt(fd_, SOL_XDP, XDP_STATISTICS, &seen_, &len);
   {
     std::lock_guard<std::mutex> g(g_attach_mu);
-    if (int r = xsk_socket__update_xskmap(xsk_, att_->map_fd))  // from here on frames flow
+    if (int r = xdp().xsk_socket__update_xskmap(xsk_, att_->map_fd))  // from here on frames flow
       return xdp_error(spec.ifname, "XSKMAP update", -r);
     att_->slot_owner[queue_] = this;
   }
@@ -495,6 +500,8 @@ void AfXdpQueue::refresh_counters() {
 constexpr bool kBuilt = true;
 
 Status open_afxdp_queue(const QueueSpec& spec, std::unique_ptr<PortQueue>* out) {
+  std::string why;
+  if (!xdp_lib(&why)) return Status::Error(Err::IO, "interface " + spec.ifname + ": " + why);
   auto q = std::make_unique<AfXdpQueue>();
   Status st = q->open(spec);
   if (st.ok()) *out = std::move(q);

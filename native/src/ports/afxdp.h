@@ -31,8 +31,11 @@
 // peers `ethtool -K <peer> tx off` (as for any AF_XDP dataplane on veth).
 // Frames from a NIC carry finished checksums.
 //
-// Built when libxdp and libbpf are found (DPU_HAVE_AFXDP); without them
-// opening a queue says how to get them. Thread-safety: a queue belongs to
+// Built when the headers of libxdp and libbpf are found (DPU_HAVE_AFXDP);
+// without them opening a queue says how to get them. The libraries
+// themselves are not linked: the first queue opens them (afxdp_lib.h), so
+// the core imports on a host without them and `--io afxdp` there says what
+// to install. Thread-safety: a queue belongs to
 // one worker; queues may be opened and closed from several threads at once
 // (workers reattaching a re-created interface): the per-interface part, the
 // program's attachment, is shared under a lock.

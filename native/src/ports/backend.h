@@ -4,8 +4,9 @@
 //
 //   name     what --io, the topology and the binding call it
 //   built    whether this binary can open it: AF_PACKET always, AF_XDP when
-//            setup.py found libxdp and libbpf (DPU_HAVE_AFXDP). One that is
-//            not built is still known: opening it says how to get it.
+//            setup.py found the headers of libxdp and libbpf (DPU_HAVE_AFXDP;
+//            the libraries are opened when a queue is, afxdp_lib.h). One that
+//            is not built is still known: opening it says how to get it.
 //   queues   how many queues of an interface it opens for N workers
 //            (AF_PACKET: one per worker, a fanout group spreads the flows;
 //            AF_XDP: one per receive queue of the interface, at least N)
