@@ -348,7 +348,7 @@ def test_version():
     from dpu import __version__
 
     r = dpu("--version")
-    assert r.returncode == 0 and r.stdout.strip() == f"dpu {__version__}"
+    assert r.returncode == 0 and r.stdout.startswith(f"dpu {__version__}, core x86-64"), r.stdout
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1) == __version__
 
