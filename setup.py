@@ -99,7 +99,7 @@ def _core(variant):
     """The core compiled for one level (dpu/_cpu.py) as the module dpu._core_<name>."""
     march = "native" if os.environ.get("DPU_NATIVE_ARCH") else variant.march
     isa = [f"-march={march}", "-mtune=generic"] if march != "native" else ["-march=native"]
-    ident = [f"-DDPU_CORE_MODULE=_core_{variant.name}", f'-DDPU_CORE_VARIANT="{variant.level}"']
+    ident = [f"-DDPU_CORE_MODULE=_core_{variant.name}"]
     return Extension(
         f"dpu._core_{variant.name}",
         CORE_SOURCES,

@@ -7,7 +7,7 @@ every feature of, or the one DPU_CORE=v1|v3 names (for tests and comparisons), a
 stands aside: `dpu._core` *is* that module (sys.modules holds it under this name), so
 `from dpu import _core` and `import dpu._core` get the binding itself, whose classes call
 themselves dpu._core.* whichever build it is (_core.pyi describes them all).
-`dpu._core.VARIANT` is the level loaded (compiled in); `dpu --version` names it and why.
+`dpu._core.BUILD_ISA` is the level loaded (as its compiler said); `dpu --version` names it and why.
 """
 import importlib
 import importlib.machinery

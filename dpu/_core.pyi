@@ -18,7 +18,6 @@ MAX_BURST: int
 MAX_OFPORT: int
 TUNNEL_MTU_MIN_IPV6: int
 TUNNEL_PARAMS: tuple[tuple[str, int | bool, int, int, str, str], ...]
-VARIANT: str
 
 def blast(ifname: str, data: bytes, offsets: np.ndarray, lens: np.ndarray, seconds: float, rate_pps: float = ...) -> tuple[int, int, float]: ...
 def count_rx(ifname: str, seconds: float) -> tuple[int, int, float]: ...

@@ -839,7 +839,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = _Parser(prog="dpu", description="A userspace packet dataplane.")
     p.add_argument("--version", action="version",  # and which build of the core runs (dpu/_core.py)
-                   version=f"dpu {_version()}, core {_core.VARIANT} ({_core._loaded_because})")
+                   version=f"dpu {_version()}, core {_core.BUILD_ISA} ({_core._loaded_because})")
     logs.add_arguments(p, top=True)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

@@ -137,7 +137,7 @@ def test_auditwheel_finds_a_manylinux_tag(wheel):
 
 def test_the_best_level_this_cpu_runs_is_loaded_and_named(env):
     want = _cpu.best(_cpu.cpu_flags())
-    r = env("import dpu._core as c, dpu; print(c.VARIANT, c.__file__, dpu.__file__, c.Dataplane.__module__)")
+    r = env("import dpu._core as c, dpu; print(c.BUILD_ISA, c.__file__, dpu.__file__, c.Dataplane.__module__)")
     assert r.returncode == 0, r.stderr
     variant, core_file, dpu_file, module = r.stdout.split()
     assert variant == want.level and os.path.basename(core_file).startswith(f"_core_{want.name}."), r.stdout
@@ -149,7 +149,7 @@ def test_the_best_level_this_cpu_runs_is_loaded_and_named(env):
 @pytest.mark.parametrize("variant", [v for v in _cpu.VARIANTS if not _cpu.missing(v, _cpu.cpu_flags())],
                          ids=lambda v: v.name)
 def test_dpu_core_picks_a_level(env, variant):
-    r = env("import dpu._core as c; from dpu import _core; assert c is _core; print(c.VARIANT)",
+    r = env("import dpu._core as c; from dpu import _core; assert c is _core; print(c.BUILD_ISA)",
             env_add={"DPU_CORE": variant.name})
     assert r.returncode == 0 and r.stdout.split() == [variant.level], r.stdout + r.stderr
     r = env(["dpu", "--version"], env_add={"DPU_CORE": variant.name})

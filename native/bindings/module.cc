@@ -1179,16 +1179,14 @@ void bind_packets(DataplaneClass& c) {
 }  // namespace
 
 // setup.py builds this once per instruction-set level, as dpu._core_v1, dpu._core_v3...
-// (DPU_CORE_MODULE, DPU_CORE_VARIANT); dpu/_core.py imports the one the CPU runs best under
+// (DPU_CORE_MODULE; BUILD_ISA says which); dpu/_core.py imports the one the CPU runs best under
 // the name dpu._core, which is what the classes call themselves whichever build it is.
 #ifndef DPU_CORE_MODULE
 #define DPU_CORE_MODULE _core
-#define DPU_CORE_VARIANT "default"
 #endif
 PYBIND11_MODULE(DPU_CORE_MODULE, m) {
   m.attr("__name__") = "dpu._core";  // before any class: their __module__ and signatures
   m.doc() = "dpu native core (see native/ and DESIGN.md)";
-  m.attr("VARIANT") = DPU_CORE_VARIANT;
   py::module_::import("atexit").attr("register")(py::cpp_function(&close_exit_gate));
   // a forked child has only the forking thread: no call in flight, and a mutex some other thread
   // may have held at the fork
