@@ -3,6 +3,7 @@ package says what it is (license, classifiers); the README's Building commands
 (`python3 setup.py ...`) work in the environment its install line makes."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -57,6 +58,8 @@ def test_debug_build_compiles(tmp_path):
     cpu = core_levels()
     best = cpu.best(cpu.cpu_flags()).name  # one level of the core is enough to see it compile
     env = {**os.environ, "DPU_DEBUG": "1", "DPU_CORE_VARIANTS": best}
+    if shutil.which("ccache"):  # as test_wheel: what changed is compiled again, and a failure is never cached
+        env.update(CC="ccache gcc", CXX="ccache g++", CCACHE_BASEDIR=os.path.abspath(ROOT), CCACHE_NOHASHDIR="1")
     r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-temp", str(tmp_path / "temp"),
                         "--build-lib", str(tmp_path / "lib")], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=900)
