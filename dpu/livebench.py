@@ -328,7 +328,7 @@ class DpuRun:
                 said += self.proc.communicate()[1].splitlines()
                 last = [x.strip() for x in said if x.strip()][-1:]  # its error line (after any usage text)
                 raise BenchError(f"dpu run did not start: {last[0] if last else 'no output'}")
-            if line.startswith("dpu: forwarding on"):
+            if "dpu: info: forwarding on " in line:  # its start record, after the record's time (dpu/logs.py)
                 break
             said.append(line)
 
