@@ -171,8 +171,9 @@ class BuildExt(build_ext):
                 ext.sources = gen.sources + ext.sources
                 ext.include_dirs.append(numpy.get_include())
         super().run()
-        if self.dpu_in_place:
-            self._remove_stale_cores()
+        # in place: dpu/; for a wheel: build/lib*/dpu, where an earlier build's cores stay and
+        # would be packed beside these (a leftover dpu/_core*.so is imported before _core.py)
+        self._remove_stale_cores("dpu" if self.dpu_in_place else os.path.join(self.build_lib, "dpu"))
 
     def build_extension(self, ext):
         base = self.build_temp
@@ -216,15 +217,16 @@ class BuildExt(build_ext):
         subprocess.run([objcopy, "--only-keep-debug", "--compress-debug-sections", path, debug], check=True)
         subprocess.run([objcopy, "--strip-debug", f"--add-gnu-debuglink={debug}", path], check=True)
 
-    def _remove_stale_cores(self):
-        """In place, dpu/ holds the cores just built and no other: an older one (a level not
-        built this time, or the single dpu/_core of before) would be loaded instead."""
+    def _remove_stale_cores(self, where):
+        """``where`` (dpu/ in place, the wheel's dpu/ otherwise) holds the cores just built and
+        no other: an older one (a level not built this time, or the single dpu/_core of
+        before) would be loaded instead."""
         from importlib.machinery import EXTENSION_SUFFIXES
 
         built = {os.path.basename(self.get_ext_filename(e.name)) for e in self.extensions}
         for name in ["_core"] + [f"_core_{v}" for v in CPU.BY_NAME]:
             for suffix in EXTENSION_SUFFIXES:
-                path = os.path.join("dpu", name + suffix)
+                path = os.path.join(where, name + suffix)
                 if os.path.basename(path) not in built and os.path.exists(path):
                     os.remove(path)
 
