@@ -454,14 +454,15 @@ def _compile_nat(topo: Topology, t: Tenant, add) -> None:
                        f"ct_state=+trk+new,ip,nw_dst={pub}", (140, 139))
     # A mapping reached under endpoint-independent filtering: committed by the first ct already
     # (with security groups: judged after its translation, on every packet from outside).
-    eif_next = T_SG_INET if t.security else T_INET_IN_ROUTE
+    judged = bool(t.security) and nat.endpoint_independent_filtering   # table 63
+    eif_next = T_SG_INET if judged else T_INET_IN_ROUTE
     add((f"table={T_INET_IN_CT},priority=130,{ck},{md},ct_state=+trk+new+dnat,ip,actions=goto_table:{eif_next}", sec))
-    if t.security and nat.endpoint_independent_filtering:
+    if judged:
         add((f"table={T_INET_IN_CT},priority=60,{ck},{md},ct_state=+trk-rpl+dnat,ip,actions=goto_table:{T_SG_INET}", sec))
     add((f"table={T_INET_IN_CT},priority=100,{ck},{md},ct_state=+trk+new,ip,actions=drop(nat_unsolicited)", sec))
     add((f"table={T_INET_IN_CT},priority=50,{ck},{md},ct_state=+trk,ip,actions=goto_table:{T_INET_IN_ROUTE}", sec))
 
-    if t.security:
+    if judged:
         _compile_sg_inet(t, add)
 
     sec = f"table {T_INET_IN_ROUTE}: {tname}: inbound, routed to the machine"
