@@ -9,7 +9,9 @@ What it does, for a topology with an ``evpn:`` section:
      with a static FDB entry and a permanent neighbour for each local port;
   3. with ``frr: managed``, renders FRR's configuration (``dpu.fabric.frr.render``, as NVUE
      does for HBN), starts zebra and bgpd with their state in ``<ctl>.frr/`` and re-signals
-     the local neighbours once zebra is up; with ``external`` the operator's FRR is used;
+     the local neighbours once zebra is up; with ``external`` the operator's FRR is used,
+     found by its run directory (``frr_dir``), and the neighbours are re-signalled whenever
+     a new zebra appears there and knows the tenants' VNIs;
   4. reads what FRR installed and commits it (``dpu.mirror.FabricMirror``), then watches the
      shadow: each burst of netlink events becomes one read and one transaction.
 A reload re-applies the shadow (ports gone are withdrawn), re-renders FRR's configuration
@@ -78,6 +80,7 @@ class EvpnService:
         self.restarts = 0             # times a managed FRR was found dead and restarted
         self.held_since: Optional[float] = None   # FRR down: learned entries held since then
         self._up_since: Optional[float] = None
+        self.external_zebra: Optional[int] = None   # frr: external: the zebra whose neighbours were re-signalled
 
     # ---- start and stop ----------------------------------------------------------------
     def start(self) -> None:
@@ -92,6 +95,10 @@ class EvpnService:
             self.shadow.apply(tenants)
             if self.topo.evpn.frr == "managed":
                 self._start_frr(tenants)
+            else:
+                from .fabric.frr import ExternalFrr
+                self.frr = ExternalFrr(self.topo.evpn.frr_dir, name="the operator's FRR")
+                self._external_rounds()
             self.sync()
             self.shadow.watch(self._changed)
         except Exception:
@@ -125,7 +132,9 @@ class EvpnService:
         frr = self.frr
         if frr is None:
             return
-        if not frr.alive():
+        if self.topo.evpn.frr == "external":
+            self._external_rounds()
+        elif not frr.alive():
             with self.lock:
                 self.held_since = self.held_since or time.monotonic()
             log.warning("evpn: FRR is not running; learned entries stay in force; restarting it")
@@ -139,7 +148,7 @@ class EvpnService:
                 self.last_error = str(e)
                 log.error("evpn: could not restart FRR: %s", e)
             return
-        if self.held_since is None:
+        if self.held_since is None or not frr.alive():
             return
         try:
             up = frr.established()
@@ -155,6 +164,31 @@ class EvpnService:
                 self._changed(None)
         else:
             self._up_since = None
+
+    def _external_rounds(self) -> None:
+        """The operator's FRR: while it is down, what it installed stays in force (held, as for
+        a managed FRR, but dpu does not start it); once a zebra dpu has not re-signalled yet
+        runs and knows every tenant's VNI, the local neighbours are re-signalled for it."""
+        frr = self.frr
+        if not frr.alive():
+            if self.held_since is None:
+                with self.lock:
+                    self.held_since = time.monotonic()
+                    self._up_since = None
+                log.warning("evpn: the operator's FRR is not running (nothing live in %s): learned entries stay "
+                            "in force until it is back", frr.dir)
+            return
+        zebra = frr.pid("zebra")
+        if zebra is None or zebra == self.external_zebra:
+            return
+        try:
+            known = frr.vnis()
+        except FabricError:
+            return
+        if {t.vni for t in self.topo.tenants.values()} <= known:
+            self.shadow.resignal()
+            self.external_zebra = zebra
+            log.info("evpn: the operator's zebra (pid %d) knows our VNIs: local neighbours re-signalled", zebra)
 
     # ---- what FRR installed -> the dataplane -------------------------------------------
     def _changed(self, _tenants) -> None:
@@ -185,7 +219,7 @@ class EvpnService:
             self.topo = topo
             tenants = shadow_tenants(topo)
             self.shadow.apply(tenants)
-            if self.frr is not None:
+            if self.frr is not None and topo.evpn.frr == "managed":
                 confs = frr_confs(topo, tenants)
                 if confs != self.frr.confs:
                     # FRR restarts to take it: hold what is in force until it is back (housekeeping)
@@ -198,7 +232,9 @@ class EvpnService:
     # ---- what dpu evpn and the metrics show -------------------------------------------
     def view(self) -> dict:
         v = evpn_view(self.topo, self.mirror)
+        v["vrfs"] = self.shadow.namespaces() if self.shadow is not None else {}
         if self.frr is not None:
+            v["frr_dir"] = self.frr.dir
             try:
                 v["sessions"] = self.frr.established()
             except Exception as e:

@@ -393,6 +393,10 @@ class Instance:
                 if (old.evpn is None) != (topo.evpn is None):
                     raise LiveError("reload: the evpn: section was " + ("added" if old.evpn is None else "removed")
                                     + "; starting or stopping the fabric needs a restart of dpu run")
+                if old.evpn is not None and (old.evpn.frr, old.evpn.frr_dir) != (topo.evpn.frr, topo.evpn.frr_dir):
+                    raise LiveError(f"reload: evpn.frr ({old.evpn.frr}, {old.evpn.frr_dir}) changed to "
+                                    f"({topo.evpn.frr}, {topo.evpn.frr_dir}); who runs FRR changes only with a "
+                                    "restart of dpu run")
                 self.topology = topo
                 try:
                     res = self.dp.load_topology(self.effective_topology(), flows_file=self.opts.flows)

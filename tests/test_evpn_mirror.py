@@ -84,6 +84,10 @@ def test_evpn_defaults_come_from_the_uplink():
     (lambda d: d["evpn"].update(peers=[VTEP_LOCAL]), "evpn.peers[0].address: 192.0.2.1 is our own VTEP address"),
     (lambda d: d["evpn"].update(peers=[{"address": "1.1.1.1", "remote_asn": -1}]), "evpn.peers[0].remote_asn"),
     (lambda d: d["evpn"].update(color=1), "evpn.color: unknown key"),
+    (lambda d: d["evpn"].update(frr_dir="/run/frr"), "evpn.frr_dir: only with frr: external"),
+    (lambda d: d["evpn"].update(frr="external", frr_dir="run/frr"),
+     "evpn.frr_dir: 'run/frr' is not an absolute directory path"),
+    (lambda d: d["evpn"].update(frr="external", frr_dir=7), "evpn.frr_dir: 7 is not an absolute directory path"),
     (lambda d: d["tenants"]["red"].update(l3vni=100), "tenants.red.l3vni: VNI 100 is already tenant blue's L2 VNI"),
     (lambda d: d["tenants"]["red"].update(l3vni=4001), "tenants.red.l3vni: VNI 4001 is already tenant blue's L3"),
     (lambda d: d.pop("evpn"), "tenants.blue.l3vni: an L3 VNI needs the evpn: section"),
@@ -103,7 +107,50 @@ def test_bad_evpn_is_refused_naming_the_key(change, message):
 def test_external_frr_needs_no_peers():
     d = evpn_dict()
     d["evpn"] = {"asn": 65000, "frr": "external"}
-    assert load_topology(d).evpn.peers == []
+    ev = load_topology(d).evpn
+    assert ev.peers == [] and ev.frr_dir == "/var/run/frr"       # Debian's FRR run directory
+    d["evpn"]["frr_dir"] = "/srv/frr/"
+    assert load_topology(d).evpn.frr_dir == "/srv/frr"
+
+
+def test_external_frr_found_by_its_run_directory(tmp_path):
+    """ExternalFrr: alive only with a live pid in each pid file and a vty socket that answers;
+    asking a dead one names what is missing and where."""
+    import socket
+
+    from dpu.errors import FabricError
+    from dpu.fabric.frr import ExternalFrr
+
+    frr = ExternalFrr(str(tmp_path), name="the operator's FRR")
+    assert not frr.alive() and frr.pid("zebra") is None
+    with pytest.raises(FabricError, match=f"no live zebra or bgpd .* in {tmp_path}"):
+        frr.established()
+    listeners = []
+    for d in ("zebra", "bgpd"):
+        (tmp_path / f"{d}.pid").write_text(f"{os.getpid()}\n")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(tmp_path / f"{d}.vty"))
+        s.listen(1)
+        listeners.append(s)
+    try:
+        assert frr.alive() and frr.pid("zebra") == os.getpid()
+        # connections nobody accepts fill the backlog: a wedged daemon is down, not a hang
+        assert not frr.alive() and frr.pid("zebra") is None
+        for s in listeners:
+            s.close()
+        listeners = []
+        for d in ("zebra", "bgpd"):
+            (tmp_path / f"{d}.vty").unlink()
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind(str(tmp_path / f"{d}.vty"))
+            s.listen(64)
+            listeners.append(s)
+        assert frr.alive()
+        (tmp_path / "bgpd.pid").write_text("999999999\n")        # no such process
+        assert not frr.alive() and frr.pid("zebra") == os.getpid()
+    finally:
+        for s in listeners:
+            s.close()
 
 
 def test_evpn_topology_leaves_the_underlay_address_to_the_kernel():

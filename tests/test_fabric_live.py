@@ -1,5 +1,6 @@
-"""A fabric of dpu hosts (issue 28): two hosts running `dpu run` with their managed FRR (h2, h3),
-a route reflector, and a plain Linux EVPN VTEP (h1, FRR configured as its documentation shows;
+"""A fabric of dpu hosts (issue 28): two hosts running `dpu run` (h2 with its managed FRR; h3
+with `frr: external`, an operator's FRR started after dpu), a route reflector, and a plain
+Linux EVPN VTEP (h1, FRR configured as its documentation shows;
 tests/evpn_lab.py); two tenants with the same addresses.
 
 Each dpu host is one of the lab's bare hosts; its VMs are namespaces behind veths that dpu
@@ -7,7 +8,8 @@ forwards for. The route reflector doubles as the underlay's router (dpu's uplink
 Checked: what h1 announces is learned and ours reach it; ping and an 8 MB TCP transfer both
 ways between every pair of hosts, in the same subnet (L2 VNI) and across subnets (routed
 through the L3 VNI); every VXLAN frame carries its own tenant's VNIs; a port removed by a
-reload is withdrawn; bgpd killed under a transfer; dpu restarted.
+reload is withdrawn; bgpd killed under a transfer; the operator's FRR started after dpu and
+restarted; dpu restarted.
 """
 import json
 import os
@@ -83,7 +85,7 @@ def _gateway(cidr: str) -> str:
 class DpuHost:
     """The namespace, VMs, topology file and `dpu run` of the dpu host."""
 
-    def __init__(self, lab: Lab, name: str = "h2", spec=None) -> None:
+    def __init__(self, lab: Lab, name: str = "h2", spec=None, *, external: bool = False) -> None:
         # FRR's daemons run as user frr: its state (beside the control socket) must be reachable,
         # which pytest's 0700 temporary directories are not.
         self.lab, self.dir = lab, tempfile.mkdtemp(prefix="dpufab-")
@@ -107,12 +109,19 @@ class DpuHost:
         self.ctl = os.path.join(self.dir, "ctl")
         self.config = os.path.join(self.dir, "topology.yaml")
         self.proc = None
+        self.external = external
+        # frr: external: the operator's FRR (run by the test, as an operator would) keeps its
+        # pid files and vty sockets here; with managed, dpu keeps its FRR beside the socket
+        self.frr_dir = os.path.join(self.dir, "operator-frr") if external else self.ctl + ".frr"
+        self.operator_frr = None
 
     def topology(self, tenants=("red", "blue")) -> dict:
         out = {"uplink": {"port": "p0", "ip": self.ip, "mac": self.uplink_mac, "nexthop": RR_IP,
                           "mtu": UNDERLAY_MTU},
                "evpn": {"asn": ASN, "peers": [RR_IP]},
                "tenants": {}}
+        if self.external:
+            out["evpn"].update(frr="external", frr_dir=self.frr_dir)
         for tenant in tenants:
             mac, vni, l3vni, cidr, vm_ip = self.spec[tenant]
             out["tenants"][tenant] = {"vni": vni, "l3vni": l3vni, "gateway_mac": GATEWAY_MAC,
@@ -138,9 +147,8 @@ class DpuHost:
     def diagnose(self) -> str:
         """What dpu and its FRR said (for a failure message)."""
         out = [open(os.path.join(self.dir, "dpu.log")).read()[-3000:]]
-        frr = self.ctl + ".frr"
         for f in ("bgpd.log", "zebra.log"):
-            p = os.path.join(frr, f)
+            p = os.path.join(self.frr_dir, f)
             if os.path.exists(p):
                 out.append(f"--- {f}\n" + open(p).read()[-2000:])
         return "\n".join(out)
@@ -154,7 +162,27 @@ class DpuHost:
     def evpn(self) -> dict:
         return json.loads(self.ctl_call("evpn", "--json"))
 
+    def start_operator_frr(self) -> None:
+        """frr: external: the operator's zebra and bgpd, configured as dpu would configure them,
+        with zebra's VRFs the shadow's namespaces `dpu evpn` names."""
+        from dpu.evpn import frr_confs, shadow_tenants
+        from dpu.fabric.frr import ManagedFrr
+        from dpu.topology import load_topology
+
+        class OperatorFrr(ManagedFrr):
+            # where an operator runs FRR: in dpu's network and mount namespaces (dpu runs under
+            # `ip netns exec`, whose mounts, the shadow's /run/netns entries among them, do not
+            # reach the test's own mount namespace)
+            def _zebra_cmd(inner) -> list:
+                return ["nsenter", f"--target={self.proc.pid}", "--mount", "--net"] + super()._zebra_cmd()
+
+        topo = load_topology(self.config)
+        self.operator_frr = OperatorFrr(self.frr_dir, None, self.evpn()["vrfs"],
+                                        frr_confs(topo, shadow_tenants(topo)), name="operator's FRR")
+        self.operator_frr.start()
+
     def stop(self) -> None:
+        """dpu run (the operator's FRR, if any, runs on)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -171,10 +199,11 @@ def fabric():
         sysctl(rr, "net.ipv4.ip_forward", 1)          # the underlay's router too: dpu's next hop
         sysctl(rr, "net.ipv4.conf.all.send_redirects", 0)
         sysctl(rr, "net.ipv4.conf.uplink.send_redirects", 0)
-        host, host3 = DpuHost(lab), DpuHost(lab, "h3", H3)
+        host, host3 = DpuHost(lab), DpuHost(lab, "h3", H3, external=True)
         try:
             for h in (host, host3):
                 h.start()
+            host3.start_operator_frr()         # after dpu: its neighbours must be re-signalled
             for h in (host, host3):
                 try:
                     wait_for(lambda: lab.sessions().get(h.ip) == "Established", 60, f"{h.ip}'s BGP session at the reflector")
@@ -192,6 +221,8 @@ def fabric():
         finally:
             for h in (host, host3):
                 h.stop()
+                if h.operator_frr is not None:
+                    h.operator_frr.stop()
                 shutil.rmtree(h.dir, ignore_errors=True)
 
 
@@ -373,6 +404,49 @@ def test_second_dpu_host_and_the_linux_vtep(fabric):
                  60, f"{tenant}: h3's VM {mine} to reach h1's {ep.ip}")
         transfer(vm, ep.ns, ep.ip, 5401)
         transfer(ep.ns, vm, mine, 5402)
+
+
+def test_external_frr_started_after_dpu_and_restarted(fabric):
+    """h3 runs `frr: external`: the operator's FRR, started after dpu (the fixture), got dpu's
+    neighbours re-signalled, so h1 holds h3's MAC+IP routes (not only MACs). The operator stops
+    it: dpu holds what was learned (trace still names the learned route) and starts nothing;
+    the operator starts it again: the new zebra is re-signalled, h1 has the MAC+IP routes
+    again and h3's VMs reach h1 through the L3 VNI."""
+    lab, host, h1 = fabric
+    host3 = host.peer
+    v = host3.evpn()
+    assert v["evpn"]["frr"] == "external" and v["frr_dir"] == host3.frr_dir
+    assert v["sessions"] == {RR_IP: True}
+    assert set(v["vrfs"]) == {"red", "blue"}
+
+    def advertised():
+        routes = lab.evpn_routes(h1.frr)
+        return all(f"[2]:[0]:[48]:[{mac}]:[32]:[{vm_ip}] vni {vni} via {host3.ip}" in routes
+                   for mac, vni, _, _, vm_ip in H3.values())
+
+    wait_for(advertised, 30, "h1 to hold h3's MAC+IP routes (neighbours re-signalled for the operator's zebra)")
+    ep = lab.endpoint("h1", "red", 100)            # 10.0.0.11: from h3's red (10.0.1.23), routed
+    pkt = f'Ether(src="{H3["red"][0]}",dst="{GATEWAY_MAC}")/IP(src="{H3["red"][4]}",dst="{ep.ip}")/UDP(dport=9)'
+
+    def mirrored():
+        v = host3.evpn()
+        return not v["held"] and all(v["learned"][t]["routes"] >= 2 for t in VM) and v
+
+    learned = wait_for(mirrored, 60, "h3 to mirror what its operator's FRR installed")["learned"]
+    host3.operator_frr.stop()
+    try:
+        wait_for(lambda: host3.evpn()["held"], 10, "dpu to hold what was learned while the operator's FRR is down")
+        held = host3.evpn()
+        assert held["learned"] == learned, "nothing learned was dropped while FRR is down"
+        assert "sessions_error" in held and host3.frr_dir in held["sessions_error"]
+        out = host3.ctl_call("trace", "--in-port", "rred", pkt)
+        assert f"learned from the fabric: host route {ep.ip}/32 via {h1.vtep_ip}" in out, out
+    finally:
+        host3.operator_frr.start()
+    wait_for(lambda: not host3.evpn()["held"], 60, "dpu to resume mirroring the operator's FRR")
+    wait_for(advertised, 60, "h1 to hold h3's MAC+IP routes again (the new zebra re-signalled)")
+    wait_for(lambda: nsexec(host3.vms["red"], "ping", "-c", "1", "-W", "1", "-q", ep.ip, check=False).returncode == 0,
+             60, "h3's red VM to reach h1 through the L3 VNI again")
 
 
 def test_a_vm_that_moves_to_another_host_is_followed(fabric):

@@ -131,7 +131,10 @@ def render(asn: int, router_id: str, peers: Sequence[Peer], tenants: Sequence[Sh
 
 
 def _vty_up(path: str) -> bool:
+    """The daemon answers on its vty socket (a connect; one that stays unanswered for a second,
+    a daemon whose backlog is full, counts as down rather than blocking the caller)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
     try:
         s.connect(path)
         return True
@@ -186,7 +189,54 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-class ManagedFrr:
+class _Vty:
+    """What ManagedFrr and ExternalFrr ask their daemons, through vtysh on the vty sockets in
+    self.dir."""
+
+    dir: str
+    name: str
+
+    def _ready(self) -> None:
+        raise NotImplementedError
+
+    def vtysh(self, command: str) -> Any:
+        """One vtysh command against these daemons; its output, parsed when the command ends
+        in `json`. FabricError with vtysh's words when it fails."""
+        self._ready()
+        try:
+            r = subprocess.run(["vtysh", "--vty_socket", self.dir, "-c", command], capture_output=True,
+                               text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise FabricError(f"{self.name}: vtysh -c {command!r}: {e}") from None
+        if r.returncode != 0:
+            raise FabricError(f"{self.name}: vtysh -c {command!r} failed (exit status {r.returncode}): "
+                              f"{(r.stderr or r.stdout).strip()}")
+        if not command.rstrip().endswith("json"):
+            return r.stdout
+        try:
+            return json.loads(r.stdout) if r.stdout.strip() else {}
+        except json.JSONDecodeError as e:
+            raise FabricError(f"{self.name}: vtysh -c {command!r} did not print JSON ({e}): "
+                              f"{r.stdout[:200]}") from None
+
+    def established(self) -> Dict[str, bool]:
+        """peer address -> whether its BGP session is Established."""
+        return {addr: n.get("bgpState") == "Established"
+                for addr, n in self.vtysh("show bgp neighbors json").items() if isinstance(n, dict)}
+
+    def mac_sequences(self) -> Dict[Tuple[int, str], int]:
+        """(vni, mac) -> the MAC mobility sequence zebra holds for it (RFC 7432 section 15):
+        the remote one for a remote MAC, the local one for a local MAC."""
+        out = {}
+        for vni, entry in self.vtysh("show evpn mac vni all json").items():
+            for mac, m in (entry.get("macs") or {}).items() if isinstance(entry, dict) else ():
+                seq = m.get("remoteSequence" if m.get("type") == "remote" else "localSequence")
+                if isinstance(seq, int):
+                    out[(int(vni), mac)] = seq
+        return out
+
+
+class ManagedFrr(_Vty):
     """zebra and bgpd with their own state directory (module docstring).
 
     state_dir: configs, pid files, sockets and logs (made if missing, handed to user frr);
@@ -354,6 +404,10 @@ class ManagedFrr:
         """Both daemons run."""
         return all(d in self.procs and self.procs[d].poll() is None for d in DAEMONS)
 
+    def _ready(self) -> None:
+        if not self.procs:
+            raise FabricError(f"{self.name}: not running (start() first)")
+
     def reload(self, confs: Dict[str, str], vrfs: Optional[Dict[str, str]] = None) -> None:
         """Applies new configurations (and VRF namespaces). FRR 8.4 cannot add a netns VRF to
         a running zebra (its /run/netns is fixed when it starts) and has no reload that keeps
@@ -368,41 +422,38 @@ class ManagedFrr:
         self.confs, self.vrfs = dict(confs), vrfs
         self.start()
 
-    # -- asking
 
-    def vtysh(self, command: str) -> Any:
-        """One vtysh command against these daemons; its output, parsed when the command ends
-        in `json`. FabricError with vtysh's words when it fails."""
-        if not self.procs:
-            raise FabricError(f"{self.name}: not running (start() first)")
+class ExternalFrr(_Vty):
+    """An operator's FRR (``evpn: frr: external``): dpu neither starts nor stops it, and finds
+    it by what it leaves in its run directory (Debian's: /var/run/frr): the pid files
+    zebra.pid and bgpd.pid and the vty sockets zebra.vty and bgpd.vty.
+
+    zebra reads static MACs when it starts, but not the permanent neighbours already there:
+    the owner re-signals them (Shadow.resignal) once a new zebra knows the VNIs (vnis())."""
+
+    def __init__(self, run_dir: str, *, name: str = "frr") -> None:
+        self.dir, self.name = os.path.abspath(run_dir), name
+
+    def pid(self, daemon: str) -> Optional[int]:
+        """The daemon's pid when its pid file names a live process and its vty answers."""
         try:
-            r = subprocess.run(["vtysh", "--vty_socket", self.dir, "-c", command], capture_output=True,
-                               text=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise FabricError(f"{self.name}: vtysh -c {command!r}: {e}") from None
-        if r.returncode != 0:
-            raise FabricError(f"{self.name}: vtysh -c {command!r} failed (exit status {r.returncode}): "
-                              f"{(r.stderr or r.stdout).strip()}")
-        if not command.rstrip().endswith("json"):
-            return r.stdout
-        try:
-            return json.loads(r.stdout) if r.stdout.strip() else {}
-        except json.JSONDecodeError as e:
-            raise FabricError(f"{self.name}: vtysh -c {command!r} did not print JSON ({e}): "
-                              f"{r.stdout[:200]}") from None
+            with open(f"{self.dir}/{daemon}.pid") as f:
+                pid = int(f.read().strip())
+            os.kill(pid, 0)
+        except (OSError, ValueError):
+            return None
+        return pid if _vty_up(f"{self.dir}/{daemon}.vty") else None
 
-    def established(self) -> Dict[str, bool]:
-        """peer address -> whether its BGP session is Established."""
-        return {addr: n.get("bgpState") == "Established"
-                for addr, n in self.vtysh("show bgp neighbors json").items() if isinstance(n, dict)}
+    def alive(self) -> bool:
+        """Both daemons run and answer."""
+        return all(self.pid(d) is not None for d in DAEMONS)
 
-    def mac_sequences(self) -> Dict[Tuple[int, str], int]:
-        """(vni, mac) -> the MAC mobility sequence zebra holds for it (RFC 7432 section 15):
-        the remote one for a remote MAC, the local one for a local MAC."""
-        out = {}
-        for vni, entry in self.vtysh("show evpn mac vni all json").items():
-            for mac, m in (entry.get("macs") or {}).items() if isinstance(entry, dict) else ():
-                seq = m.get("remoteSequence" if m.get("type") == "remote" else "localSequence")
-                if isinstance(seq, int):
-                    out[(int(vni), mac)] = seq
-        return out
+    def _ready(self) -> None:
+        if not self.alive():
+            down = [d for d in DAEMONS if self.pid(d) is None]
+            raise FabricError(f"{self.name}: the operator's FRR is not running: no live {' or '.join(down)} "
+                              f"with its pid file and vty socket in {self.dir}")
+
+    def vnis(self) -> set:
+        """The VNIs zebra knows (bgpd has told it advertise-all-vni and found their devices)."""
+        return {int(v) for v in self.vtysh("show evpn vni json")}

@@ -17,6 +17,7 @@ compiler turns it into flows and never meets a bad value.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -146,6 +147,7 @@ class Evpn:
     peers: List[Peer]
     frr: str = "managed"              # managed: dpu run starts FRR; external: an operator's FRR
     graceful_restart: bool = False
+    frr_dir: str = "/var/run/frr"     # external: where the operator's FRR keeps its pid files and vty sockets
 
 
 @dataclass
@@ -286,6 +288,12 @@ class _V(_Errors):
             self.fail(path, f"{_short(v)} is not a valid name (letters, digits, _ . -; not a reserved word)")
         return v
 
+    def directory(self, v: Any, path: str) -> str:
+        """An absolute directory path (it need not exist yet), normalised."""
+        if not isinstance(v, str) or not v.startswith("/") or "\0" in v:
+            self.fail(path, f"{_short(v)} is not an absolute directory path")
+        return os.path.normpath(v)
+
     def choice(self, v: Any, path: str, choices: Sequence[str], what: str) -> str:
         if not isinstance(v, str) or v not in choices:
             self.fail(path, f"{_short(v)} is not {what}")
@@ -342,9 +350,9 @@ def _validate(v: _V, data: Any) -> Optional[Topology]:
 
 def _evpn_section(v: _V, e: Any, uplink: Optional[Uplink]) -> Optional[Evpn]:
     """evpn: {asn, router_id, router_mac, peers: [{address, remote_asn}], frr: managed|external,
-    graceful_restart}"""
+    frr_dir, graceful_restart}"""
     bad = v.bad
-    v.mapping(e, "evpn", ["asn"], ["router_id", "router_mac", "peers", "frr", "graceful_restart"])
+    v.mapping(e, "evpn", ["asn"], ["router_id", "router_mac", "peers", "frr", "frr_dir", "graceful_restart"])
     asn = v.req(e, "asn", "evpn.asn", v.integer, 1, (1 << 32) - 1)
     if uplink is not None and uplink.ipv6:
         v.note("uplink.ip", "EVPN needs an IPv4 underlay (the VTEP address FRR advertises)")
@@ -355,6 +363,9 @@ def _evpn_section(v: _V, e: Any, uplink: Optional[Uplink]) -> Optional[Evpn]:
     router_mac = v.opt(e, "router_mac", "evpn.router_mac", v.mac, default=uplink.mac if uplink else None)
     frr = v.opt(e, "frr", "evpn.frr", v.choice, ("managed", "external"),
                 "managed or external", default="managed")
+    frr_dir = v.opt(e, "frr_dir", "evpn.frr_dir", v.directory, default=Evpn.frr_dir)
+    if "frr_dir" in e and frr != "external":
+        v.note("evpn.frr_dir", "only with frr: external (a managed FRR keeps its state beside dpu's control socket)")
     gr = False if e.get("graceful_restart") is None else v.opt(e, "graceful_restart", "evpn.graceful_restart",
                                                                v.boolean)
     peers: List[Peer] = []
@@ -380,7 +391,8 @@ def _evpn_section(v: _V, e: Any, uplink: Optional[Uplink]) -> Optional[Evpn]:
         v.note("evpn.peers", "required with frr: managed (the BGP neighbours FRR is configured with)")
     if v.bad > bad:
         return None
-    return Evpn(asn=asn, router_id=router_id, router_mac=router_mac, peers=peers, frr=frr, graceful_restart=gr)
+    return Evpn(asn=asn, router_id=router_id, router_mac=router_mac, peers=peers, frr=frr, graceful_restart=gr,
+                frr_dir=frr_dir)
 
 
 def _uplink_section(v: _V, u: Any) -> Optional[Uplink]:
