@@ -34,7 +34,7 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import cleanup
 from ..errors import FabricError, InvalidArgumentError
@@ -449,11 +449,11 @@ class ExternalFrr(_Vty):
         return all(self.pid(d) is not None for d in DAEMONS)
 
     def _ready(self) -> None:
-        if not self.alive():
-            down = [d for d in DAEMONS if self.pid(d) is None]
+        down = [d for d in DAEMONS if self.pid(d) is None]
+        if down:
             raise FabricError(f"{self.name}: the operator's FRR is not running: no live {' or '.join(down)} "
                               f"with its pid file and vty socket in {self.dir}")
 
-    def vnis(self) -> set:
+    def vnis(self) -> Set[int]:
         """The VNIs zebra knows (bgpd has told it advertise-all-vni and found their devices)."""
         return {int(v) for v in self.vtysh("show evpn vni json")}
