@@ -31,6 +31,11 @@ VARIANTS: Tuple[Variant, ...] = (
 BY_NAME: Dict[str, Variant] = {v.name: v for v in VARIANTS}
 
 
+class CoreChoiceError(ImportError):
+    """No build of the core can load here, or DPU_CORE names one that cannot: the message says
+    why (the `dpu` command prints it as its one line, with no traceback)."""
+
+
 def cpu_flags(path: str = "/proc/cpuinfo") -> FrozenSet[str]:
     """The feature flags of the first CPU (the kernel lists only what it lets programs use:
     no avx when it does not save the AVX registers); none when the file cannot be read."""
@@ -59,22 +64,22 @@ def best(flags: FrozenSet[str], built: Optional[List[str]] = None) -> Variant:
 
 def choose(built: List[str], env: Optional[Dict[str, str]] = None) -> Tuple[Variant, str]:
     """(the variant to load, why) from the variants `built`: DPU_CORE=NAME when set, else the
-    best this CPU runs. Raises ImportError, saying why, for one that cannot load here."""
+    best this CPU runs. Raises CoreChoiceError, saying why, for one that cannot load here."""
     env = os.environ if env is None else env
-    asked = env.get("DPU_CORE", "")
+    asked = env.get("DPU_CORE", "").strip()
     flags = cpu_flags()
     if not asked:
         runnable = [n for n in built if not missing(BY_NAME[n], flags)]
         if not runnable:
-            raise ImportError(f"dpu: no build of the native core this CPU runs (built: {', '.join(built) or 'none'})")
+            raise CoreChoiceError(f"dpu: no build of the native core this CPU runs (built: {', '.join(built) or 'none'})")
         return best(flags, runnable), "the best this CPU runs"
     v = BY_NAME.get(asked)
     if v is None:
-        raise ImportError(f"dpu: DPU_CORE={asked}: takes one of {', '.join(BY_NAME)}")
+        raise CoreChoiceError(f"dpu: DPU_CORE={asked}: takes one of {', '.join(BY_NAME)}")
     if asked not in built:
-        raise ImportError(f"dpu: DPU_CORE={asked}: this installation has {', '.join(built) or 'no core'} "
+        raise CoreChoiceError(f"dpu: DPU_CORE={asked}: this installation has {', '.join(built) or 'no core'} "
                           "(a source build has only its machine's; a wheel has all)")
     lacks = missing(v, flags)
     if lacks:
-        raise ImportError(f"dpu: DPU_CORE={asked}: this CPU lacks {', '.join(lacks)} ({v.level})")
+        raise CoreChoiceError(f"dpu: DPU_CORE={asked}: this CPU lacks {', '.join(lacks)} ({v.level})")
     return v, f"DPU_CORE={asked}"

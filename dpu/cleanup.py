@@ -44,11 +44,11 @@ import atexit
 import contextlib
 import ctypes
 import itertools
+import logging
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -102,14 +102,15 @@ def register(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Cleanup:
 
 def run_all() -> None:
     """Runs every cleanup this process registered, newest first. A cleanup that fails is
-    reported in one line on stderr and the others still run."""
+    reported as one error record of the ``dpu.cleanup`` logger (on stderr when logging is not
+    set up) and the others still run."""
     for c in reversed(list(_registry.values())):
         if c.pid != os.getpid():  # a forked child's copy of its parent's registry
             continue
         try:
             c.run()
         except Exception as e:  # noqa: BLE001 - one broken cleanup must not keep the others from running
-            print(f"cleanup: {c!r} failed: {type(e).__name__}: {e}", file=sys.stderr)
+            logging.getLogger("dpu.cleanup").error("cleanup %r failed: %s: %s", c, type(e).__name__, e)
 
 
 def _install() -> None:

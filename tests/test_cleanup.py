@@ -149,6 +149,26 @@ wait_forever()
     assert "failed: OSError: no such thing" in err
 
 
+def test_a_failing_cleanup_is_an_error_record_of_the_log(tmp_path):
+    """Under `dpu run --log-format json` a collector gets the failure as a record, not a bare line."""
+    p = spawn("""
+from dpu import logs
+logs.setup("info", "json")
+def broken():
+    raise OSError("no such thing")
+cleanup.register(broken)
+ready()
+wait_forever()
+""")
+    ready(p)
+    p.send_signal(signal.SIGTERM)
+    rc, _, err = finish(p)
+    assert rc == -signal.SIGTERM
+    records = [json.loads(line) for line in err.splitlines()]
+    assert [(r["level"], r["logger"]) for r in records] == [("error", "dpu.cleanup")], err
+    assert records[0]["message"].endswith("failed: OSError: no such thing"), err
+
+
 def test_a_signal_inside_deferred_waits_for_the_block_and_misses_nothing(tmp_path):
     """The signal arrives while the block is making something its cleanup must
     remove; it is acted on when the block ends, and what the block made is gone."""

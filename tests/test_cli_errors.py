@@ -140,6 +140,25 @@ def test_internal_error_is_one_line(monkeypatch, capsys, work):
     assert err.count("dpu:") == 1 and "internal error: RuntimeError: something unforeseen" in err
 
 
+@pytest.mark.parametrize("core", ["v9", "x86-64-v3"])
+def test_a_core_that_cannot_load_is_one_line(core):
+    """DPU_CORE naming no build: the command says so in its one line, as it says every error."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DPU_CORE": core}
+    env.pop("DPU_TRACEBACK", None)
+    r = subprocess.run([sys.executable, "-m", "dpu", "--version"], capture_output=True, text=True, timeout=60,
+                       env=env)
+    line = one_error(r, f"DPU_CORE={core}: takes one of v3, v1", code=1)
+    assert r.stderr == line + "\n" and r.stdout == "", r.stderr
+
+
+def test_python_m_dpu_is_the_command():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DPU_CORE", None)
+    r = subprocess.run([sys.executable, "-m", "dpu", "--version"], capture_output=True, text=True, timeout=60,
+                       env=env)
+    assert r.returncode == 0 and r.stdout.startswith("dpu "), r.stdout + r.stderr
+
+
 def test_nul_in_a_path(capsys, work):
     from dpu.cli import main
 

@@ -1,0 +1,6 @@
+"""`python -m dpu`: the dpu command."""
+import sys
+
+from ._entry import main
+
+sys.exit(main())
