@@ -53,7 +53,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Dict, Iterator, Optional, Tuple
 from urllib.parse import unquote
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from . import _core
@@ -259,7 +259,7 @@ def _security_metrics(sg: dict) -> Iterator:
 
 def _evpn_metrics(m: dict) -> Iterator:
     """The fabric mirror: learned entries in force, per tenant and kind; entries left out;
-    transactions; the time since the last change."""
+    transactions; their netlink-to-dataplane latency; the time since the last change."""
     learned = GaugeMetricFamily("dpu_evpn_learned", "entries learned from the fabric in force, per tenant and kind "
                                 "(macs, neighs, flood, routes, vteps)", labels=["tenant", "kind"])
     for tenant, kinds in m["learned"].items():
@@ -272,6 +272,16 @@ def _evpn_metrics(m: dict) -> Iterator:
     yield skipped
     yield CounterMetricFamily("dpu_evpn_transactions", "dataplane transactions from the fabric", value=m["transactions"])
     yield CounterMetricFamily("dpu_evpn_errors", "fabric reads or commits that failed", value=m["errors"])
+    lat = m.get("latency")
+    if lat is not None:
+        cumulative, buckets = 0, []
+        for le, n in lat["buckets"]:
+            cumulative += n
+            buckets.append(("+Inf" if le == float("inf") else repr(float(le)), cumulative))
+        yield HistogramMetricFamily("dpu_evpn_change_latency_seconds",
+                                    "from the first netlink event of a fabric change (what FRR installed in the "
+                                    "kernel shadow) to its dataplane transaction committed", buckets=buckets,
+                                    sum_value=lat["sum_s"])
     if m["seconds_since_change"] is not None:
         yield GaugeMetricFamily("dpu_evpn_seconds_since_change", "seconds since the fabric last changed the flows",
                                 value=m["seconds_since_change"])

@@ -27,6 +27,38 @@ from .topology import Topology
 from .topology.learned import LEARNED_COOKIE, LearnedFlows, compile_learned, route_type
 
 
+# Upper bounds (seconds) of the netlink-to-dataplane latency histogram (Prometheus' le).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class ChangeLatency:
+    """How long the fabric's changes took from netlink to the dataplane: from the moment the
+    first event of a change was read (the shadow watch's batch) to its transaction committed.
+    Last, max, and a histogram over LATENCY_BUCKETS (per bucket, not cumulative)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum = 0.0
+        self.last: Optional[float] = None
+        self.max = 0.0
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)   # the last: above every bound
+
+    def add(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        self.count += 1
+        self.sum += seconds
+        self.last = seconds
+        self.max = max(self.max, seconds)
+        i = 0
+        while i < len(LATENCY_BUCKETS) and seconds > LATENCY_BUCKETS[i]:
+            i += 1
+        self.buckets[i] += 1
+
+    def snapshot(self) -> dict:
+        return {"count": self.count, "sum_s": self.sum, "last_s": self.last, "max_s": self.max,
+                "buckets": [[le, n] for le, n in zip(list(LATENCY_BUCKETS) + [float("inf")], self.buckets)]}
+
+
 class FabricMirror:
     """Keeps a dataplane's learned flows equal to what the fabric learned."""
 
@@ -39,12 +71,15 @@ class FabricMirror:
         self.flow_changes = 0       # flows added, modified or deleted over all of them
         self.last_change: Optional[float] = None   # time.time() of the last transaction
         self.last_apply_s = 0.0     # how long the last apply took (compile + commit)
+        self.latency = ChangeLatency()   # netlink event -> transaction committed
         self._lock = threading.Lock()
         self._index: Optional[dict] = None   # entry_for's, built on first use after a change
 
-    def apply(self, learned: Mapping[str, Any]) -> dict:
+    def apply(self, learned: Mapping[str, Any], since: Optional[float] = None) -> dict:
         """Makes the dataplane forward by ``learned`` (tenant name -> Learned, all tenants:
-        a tenant absent has learned nothing). Returns what changed."""
+        a tenant absent has learned nothing). Returns what changed. ``since``: the
+        time.monotonic() the netlink events behind this call began to be read; a transaction
+        made counts its latency from there (``latency``)."""
         t0 = time.perf_counter()
         memo = self.current.memo
         if len(memo) > 4 * len(self.current.flows) + 4096:   # entries that came and went: start afresh
@@ -56,6 +91,8 @@ class FabricMirror:
             self.current = new
             self._index = None
             self.last_apply_s = time.perf_counter() - t0
+            if since is not None and any(result.values()):
+                self.latency.add(time.monotonic() - since)
         return result
 
     def retopology(self, topo: Topology) -> dict:
@@ -104,6 +141,7 @@ class FabricMirror:
                 "flow_changes": self.flow_changes,
                 "last_change": self.last_change,
                 "last_apply_s": self.last_apply_s,
+                "latency": self.latency.snapshot(),
             }
 
     def entry_for(self, table: int, priority: int, cookie: int, match: str) -> Optional[str]:
@@ -195,6 +233,8 @@ def evpn_view(topo: Topology, mirror: Optional[FabricMirror] = None) -> dict:
         out["skipped"] = snap["skipped"]
         out["transactions"] = snap["transactions"]
         out["last_change"] = snap["last_change"]
+        lat = snap["latency"]
+        out["change_latency"] = {k: lat[k] for k in ("count", "last_s", "max_s")}
     return out
 
 
@@ -214,6 +254,10 @@ def evpn_text(view: dict) -> str:
         if view.get("last_change"):
             age = f", last change {time.time() - view['last_change']:.1f}s ago"
         out.append(f"  {view['transactions']} transaction(s) from the fabric{age}")
+        lat = view.get("change_latency") or {}
+        if lat.get("count"):
+            out.append(f"  netlink to dataplane: last {lat['last_s'] * 1e3:.0f} ms, max {lat['max_s'] * 1e3:.0f} ms "
+                       f"over {lat['count']} change(s)")
         if view.get("skipped"):
             out.append("  left out: " + ", ".join(f"{k} {v}" for k, v in sorted(view["skipped"].items())))
     for name, t in view["tenants"].items():

@@ -228,6 +228,27 @@ def test_a_mac_move_is_one_changed_flow_and_packets_follow(fabric):
     assert only(dp, udp(VM1_MAC, MAC_X, VM1_IP, IP_X), "vm1", "p0")[IP].dst == VTEP_Y
 
 
+def test_a_change_counts_its_latency_from_its_first_netlink_event(fabric):
+    """apply(since=) puts the time from `since` to the commit in the latency histogram; an
+    apply that changes nothing, or has no `since`, counts nothing."""
+    import time
+
+    from dpu.mirror import LATENCY_BUCKETS, evpn_view
+    dp, m = fabric
+    m.apply(blue(macs={(100, MAC_X): VTEP_X}), since=time.monotonic() - 0.03)
+    m.apply(blue(macs={(100, MAC_X): VTEP_X}), since=time.monotonic() - 9)     # nothing changed
+    m.apply(blue(macs={(100, MAC_X): VTEP_Y}))                                  # no since
+    m.apply(blue(macs={(100, MAC_X): VTEP_X}), since=time.monotonic() - 7.5)
+    lat = m.snapshot()["latency"]
+    assert lat["count"] == 2 and 7.5 <= lat["last_s"] < 8.5 and lat["max_s"] == lat["last_s"]
+    assert 7.53 <= lat["sum_s"] < 9
+    counts = dict((le, n) for le, n in lat["buckets"])
+    assert counts[0.05] == 1 and counts[float("inf")] == 1 and sum(counts.values()) == 2
+    assert [le for le, _ in lat["buckets"]] == list(LATENCY_BUCKETS) + [float("inf")]
+    v = evpn_view(m.topo, m)
+    assert v["change_latency"] == {"count": 2, "last_s": lat["last_s"], "max_s": lat["max_s"]}
+
+
 def test_withdrawn_entries_leave_no_flow_behind(fabric):
     dp, m = fabric
     topology_flows = flow_set(dp)

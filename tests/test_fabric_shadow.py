@@ -162,6 +162,7 @@ def test_debouncer_coalesces_and_bounds_the_delay():
         d.add({"red", "blue"} if clock.now > 100.5 else {"red"})
     assert clock.now == 101.0                     # max_delay after the first
     assert d.take() == {"red", "blue"} and d.due_in() is None
+    assert d.taken_since == 100.0                 # the batch's first mark: its latency starts there
     d.add({"red"})                                # right after firing: not before quiet has passed
     clock.now += 0.125
     assert d.due_in() == 0.125

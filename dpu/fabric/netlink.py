@@ -69,15 +69,16 @@ _DUMPS = {"links": (RTM_GETLINK, struct.pack("=BxHiII", socket.AF_UNSPEC, 0, 0, 
 
 @contextlib.contextmanager
 def in_netns(ns: Optional[str]) -> Iterator[None]:
-    """Runs the block with this thread in network namespace `ns` (a name under /run/netns;
-    None: stay). Sockets made in the block stay in `ns`."""
+    """Runs the block with this thread in network namespace `ns` (a name under /run/netns, or
+    an absolute path to a namespace file such as /proc/PID/ns/net; None: stay). Sockets made in
+    the block stay in `ns`."""
     if ns is None:
         yield
         return
     own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
         try:
-            target = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+            target = os.open(ns if ns.startswith("/") else f"/run/netns/{ns}", os.O_RDONLY)
         except FileNotFoundError:
             raise OSError(errno.ENOENT, f"network namespace {ns!r} does not exist") from None
         try:

@@ -824,6 +824,11 @@ class Shadow:
             self._watcher = Watcher(self, on_change, debounce_s, max_delay_s)
             self._watcher.start()
 
+    def batch_since(self) -> Optional[float]:
+        """In a watch callback: time.monotonic() when the first event it reports was read."""
+        w = self._watcher
+        return w.batch_since if w is not None else None
+
     def stop(self) -> None:
         """Ends the watch (if any); the kernel state stays."""
         w, self._watcher = self._watcher, None

@@ -24,7 +24,8 @@ but not its neighbours (tests/EVPN_LAB.md): the watcher re-signals that VNI's ne
 down, as every device is while it is made) is not a flap.
 
 The callback runs in the watcher's thread; while it runs, events wait in the sockets (4 MiB
-each). An exception from it is logged (logger "dpu.fabric") and the watch goes on.
+each). In it, `Shadow.batch_since()` is when the first event it reports was read (the fabric's
+netlink-to-dataplane latency starts there). An exception from it is logged (logger "dpu.fabric") and the watch goes on.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class Debouncer:
         self.quiet, self.max_delay, self.clock = float(quiet), float(max_delay), clock
         self.pending: Set[str] = set()
         self._first = self._last = 0.0
+        self.taken_since: Optional[float] = None   # clock() of the first mark of what take() gave last
         self._fired = -math.inf
 
     def add(self, keys) -> None:
@@ -79,6 +81,7 @@ class Debouncer:
         return max(0.0, at - self.clock())
 
     def take(self) -> Set[str]:
+        self.taken_since = self._first if self.pending else None
         keys, self.pending = self.pending, set()
         self._fired = self.clock()
         return keys
@@ -102,6 +105,9 @@ class Watcher:
         self.shadow, self.on_change = shadow, on_change
         self.debouncer = Debouncer(debounce_s, max_delay_s, clock)
         self.callbacks = 0                      # calls made, for tests and metrics
+        # time.monotonic() when the first event of the batch being reported was read: valid in
+        # on_change (the fabric measures netlink-to-dataplane latency from it)
+        self.batch_since: Optional[float] = None
         self._socks: Dict[Optional[str], Tuple[nl.Rtnl, Set[str]]] = {}
         self._links: Dict[Tuple[Optional[str], int], str] = {}    # VXLAN devices: "up", "down", "new"
         self._r, self._w = os.pipe()
@@ -204,6 +210,7 @@ class Watcher:
                 self._resignal(tenant, vni)
             if self.debouncer.due_in() == 0.0:
                 tenants = self.debouncer.take()
+                self.batch_since = self.debouncer.taken_since
                 self.callbacks += 1
                 try:
                     self.on_change(tenants)
