@@ -100,7 +100,7 @@ class EvpnService:
                 self.frr = ExternalFrr(self.topo.evpn.frr_dir, name="the operator's FRR")
                 self._external_rounds()
             self.sync()
-            self.shadow.watch(lambda tenants: self._changed(tenants, self.shadow.batch_since()))
+            self.shadow.watch(lambda tenants: self._changed(tenants, self.shadow.batch_since(), watched=True))
         except Exception:
             self.close()
             raise
@@ -191,7 +191,7 @@ class EvpnService:
             log.info("evpn: the operator's zebra (pid %d) knows our VNIs: local neighbours re-signalled", zebra)
 
     # ---- what FRR installed -> the dataplane -------------------------------------------
-    def _changed(self, _tenants, since: Optional[float] = None) -> None:
+    def _changed(self, _tenants, since: Optional[float] = None, watched: bool = False) -> None:
         frr = self.frr
         if frr is not None and self.held_since is None and not frr.alive():
             # bgpd died and zebra is flushing what it installed: not a withdrawal
@@ -200,19 +200,22 @@ class EvpnService:
         if self.held_since is not None:
             return        # FRR is coming back: keep what is in force (housekeeping syncs after)
         try:
-            self.sync(since)
+            self.sync(since, watched=watched)
         except Exception as e:   # the watch thread must live on: the next event retries
             self.errors += 1
             self.last_error = str(e)
             log.error("evpn: could not apply what the fabric learned: %s", e)
 
-    def sync(self, since: Optional[float] = None) -> dict:
-        """Reads every tenant's learned entries and commits the difference (one transaction);
+    def sync(self, since: Optional[float] = None, watched: bool = False) -> dict:
+        """Commits the difference between every tenant's learned entries and what is in force
+        (one transaction). ``watched``: called by the shadow's watch, whose events keep the
+        entries (no dump; a tenant it could not watch is read); else read from the kernel.
         ``since``: when the netlink events that asked for it began to be read (the latency)."""
         with self.lock:
             if self.shadow is None:
                 return {}
-            return self.mirror.apply(self.shadow.read(), since)
+            learned = self.shadow.watched() if watched else None
+            return self.mirror.apply(self.shadow.read() if learned is None else learned, since)
 
     def reload(self, topo: Topology) -> None:
         """The topology was reloaded (its flows already committed)."""

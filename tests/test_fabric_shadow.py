@@ -30,7 +30,7 @@ from dpu.fabric.frr import FRR_TMP, ManagedFrr, Peer, render
 from dpu.fabric.shadow import (Learned, Shadow, ShadowPort, ShadowSubnet, ShadowTenant, kernel_vrfs_available,
                                validate)
 from dpu.fabric.watch import Debouncer
-from netns import Capture, ip, nsexec, socket_in
+from netns import Capture, ip, nsexec, sh, socket_in
 
 DPU = "h2"                        # the lab host standing for a dpu host
 ROUTER_MAC = "02:b0:00:00:00:02"   # h2's, as the lab numbers router MACs
@@ -499,6 +499,66 @@ def test_watch_coalesces_a_burst_of_1000_changes(fabric):
         events.close()
         subprocess.run(["bridge", "-n", vtep_ns, "-batch", "-"], text=True, capture_output=True,
                        input="".join(f"fdb del {m} dev e100 master static\n" for m in macs))
+
+
+def test_the_watch_keeps_what_read_returns_from_its_events(fabric):
+    """What the watch builds from netlink events alone (Shadow.watched(), no dump) equals a
+    fresh read() after every kind of change: MAC and MAC+IP routes added and withdrawn on the
+    Linux VTEP, a VXLAN device flapping here (dumped again), FRR stopped (zebra flushes every
+    MAC, neighbour, router MAC and route) and started (all installed again). And the check
+    against a dump that runs once a minute, made to run now, finds nothing to correct."""
+    fab = fabric
+    vtep_ns = fab.vtep.tenant_ns["red"]
+    dpu_ns = fab.shadow.namespaces()["red"]
+    snaps = []
+    fab.shadow.watch(lambda tenants: snaps.append(fab.shadow.watched()))
+    watcher = fab.shadow._watcher
+
+    def caught_up(what):
+        evpn_lab.wait_until(f"the watch's state to equal read() after {what}",
+                            lambda: snaps and snaps[-1] == fab.shadow.read(), 60, 0.05)
+
+    hosts = [(f"02:ee:03:00:00:{i:02x}", f"10.0.0.{210 + i}") for i in range(3)]
+    try:
+        n = len(snaps)
+        for mac, addr in hosts:
+            _fdb(vtep_ns, "add", mac, "e100")
+            sh("ip", "-n", vtep_ns, "neigh", "replace", addr, "lladdr", mac, "dev", "br100", "nud", "permanent")
+        evpn_lab.wait_until("the MAC+IP routes", lambda: snaps and all(
+            snaps[-1]["red"].neighs.get((100, a)) == m for m, a in hosts), 60, 0.05)
+        caught_up("MAC and MAC+IP routes added")
+        assert len(snaps) > n and snaps[-1]["red"].macs[(100, hosts[0][0])] == fab.vtep.vtep_ip
+        for mac, addr in hosts:
+            sh("ip", "-n", vtep_ns, "neigh", "del", addr, "dev", "br100")
+            _fdb(vtep_ns, "del", mac, "e100")
+        evpn_lab.wait_until("the withdrawals", lambda: snaps and not any(
+            (100, m) in snaps[-1]["red"].macs for m, _ in hosts), 60, 0.05)
+        caught_up("MAC and MAC+IP routes withdrawn")
+        ip(dpu_ns, "link", "set", "vx100", "down")
+        ip(dpu_ns, "link", "set", "vx100", "up")
+        time.sleep(1)
+        caught_up("a VXLAN device flap")
+        want = {t.name: fab.expected(t.name) for t in BASE}
+        assert want["red"].routes and want["red"].rmacs, "the routes and router MACs are part of what is checked"
+        fab.frr.stop()
+        empty = {t.name: Learned() for t in BASE}
+        evpn_lab.wait_until("everything flushed", lambda: snaps and snaps[-1] == empty, 60, 0.05)
+        caught_up("FRR stopped")
+        fab.frr.start()
+        fab.shadow.resignal()
+        evpn_lab.wait_until("everything installed again", lambda: snaps and snaps[-1] == want, 90, 0.05)
+        caught_up("FRR started again")
+        drifts, verify_at = watcher.drifts, watcher._next_verify
+        watcher._next_verify = 0.0                   # the once-a-minute check, now
+        watcher._wake()
+        evpn_lab.wait_until("the check against a dump", lambda: watcher._next_verify > verify_at, 30, 0.05)
+        assert watcher.drifts == drifts == 0
+    finally:
+        fab.shadow.stop()
+        ip(dpu_ns, "link", "set", "vx100", "up")
+        if not fab.frr.alive():
+            fab.frr.start()
+        fab.restore()
 
 
 def test_watch_resignals_after_a_vxlan_flap(fabric):

@@ -335,50 +335,133 @@ def _members(scan: _Scan, place: _Place) -> Set[int]:
     return {vrf.index} | bridges | {i for i, link in scan.links.items() if link.master in bridges}
 
 
+class _Fold:
+    """One tenant's Learned, folded from netlink messages: the one place that says what an
+    entry FRR installed means. read() folds a fresh dump into a new one; the watch keeps one
+    per tenant and folds each event into it (`message`), so a change costs what it changes
+    instead of a dump of everything learned. Each kernel object is keyed as the kernel keys it
+    (a VXLAN FDB entry by MAC and remote, a neighbour by device and address, a route by table
+    and prefix), so an event sets or clears exactly what it names, and replaying events over a
+    dump taken after the socket was opened ends in the kernel's state."""
+
+    def __init__(self, scan: _Scan, place: _Place, tag: str) -> None:
+        self.mine = _members(scan, place)
+        links = {i: scan.links[i] for i in self.mine}
+        self.l3_bridges = {i for i, link in links.items() if link.alias == f"{ALIAS}:{tag}:l3vni"}
+        vx = {i: link for i, link in links.items() if link.kind == "vxlan" and link.vni is not None}
+        self.l2_vx = {i: link.vni for i, link in vx.items() if link.master not in self.l3_bridges}
+        self.l3_vx = {i for i, link in vx.items() if link.master in self.l3_bridges}
+        self.svi_vni = {link.master: link.vni for link in vx.values() if link.master not in self.l3_bridges}
+        self.table = place.table
+        self.out = Learned()
+        self._rmac_fdb: Dict[str, str] = {}     # VTEP -> router MAC from br<l3vni>'s VXLAN FDB
+        self._rmac_neigh: Dict[str, str] = {}   # VTEP -> router MAC from its neighbour on br<l3vni>
+
+    def fill(self, scan: _Scan) -> "_Fold":
+        for e in scan.fdb:
+            self.fdb(e, True)
+        for n in scan.neigh:
+            self.neigh(n, True)
+        for r in scan.routes:
+            self.route(r, True)
+        return self
+
+    def message(self, m) -> bool:
+        """Folds one event (RTM_NEW*/RTM_DEL*); whether what this tenant learned changed."""
+        event = m.get("event")
+        if event in ("RTM_NEWNEIGH", "RTM_DELNEIGH"):
+            if m["family"] == socket.AF_BRIDGE:
+                return self.fdb(m, event == "RTM_NEWNEIGH")
+            return self.neigh(m, event == "RTM_NEWNEIGH")
+        if event in ("RTM_NEWROUTE", "RTM_DELROUTE"):
+            return self.route(m, event == "RTM_NEWROUTE")
+        return False
+
+    def fdb(self, e, present: bool) -> bool:
+        """A VXLAN FDB entry (mac, dst): zebra's remote MACs, flood lists, router MACs."""
+        i, mac, dst = e["ifindex"], e.get_attr("NDA_LLADDR"), e.get_attr("NDA_DST")
+        if dst is None or not e["flags"] & nl.NTF_SELF:
+            return False
+        zebra = present and bool(e["flags"] & nl.NTF_EXT_LEARNED)
+        if i in self.l2_vx:
+            vni = self.l2_vx[i]
+            if mac == nl.ZERO_MAC:
+                have = self.out.flood.get(vni, set())
+                if present == (dst in have):
+                    return False
+                if present:
+                    self.out.flood.setdefault(vni, set()).add(dst)
+                else:
+                    have.discard(dst)
+                    if not have:
+                        del self.out.flood[vni]
+                return True
+            return _put(self.out.macs, (vni, mac), dst if zebra else None, dst)
+        if i in self.l3_vx and mac != nl.ZERO_MAC:
+            before = self._rmac(dst)
+            _put(self._rmac_fdb, dst, mac if zebra else None, mac)
+            return self._rmac(dst) != before
+        return False
+
+    def neigh(self, n, present: bool) -> bool:
+        """An IPv4 neighbour: zebra's MAC+IP entries on an SVI, router MACs on br<l3vni>. A
+        neighbour rewritten FAILED without a MAC is zebra beginning to delete it: gone."""
+        i, ip, mac = n["ifindex"], n.get_attr("NDA_DST"), n.get_attr("NDA_LLADDR")
+        ok = (present and bool(n["flags"] & nl.NTF_EXT_LEARNED) and mac is not None
+              and not n["state"] & nl.NUD_FAILED)
+        if i in self.svi_vni:
+            return _put(self.out.neighs, (self.svi_vni[i], ip), mac if ok else None)
+        if i in self.l3_bridges:
+            before = self._rmac(ip)
+            _put(self._rmac_neigh, ip, mac if ok else None)
+            return self._rmac(ip) != before
+        return False
+
+    def _rmac(self, vtep: str) -> Optional[str]:
+        return self._rmac_neigh.get(vtep) or self._rmac_fdb.get(vtep)
+
+    def route(self, r, present: bool) -> bool:
+        """A `proto bgp` route in the tenant's table: host and prefix routes (ECMP: the lowest
+        VTEP). Other routes (the kernel's own) never clear one: they are other objects."""
+        table = r.get_attr("RTA_TABLE") or r["table"]
+        if r["proto"] != nl.RTPROT_BGP or table != self.table:
+            return False
+        oif = r.get_attr("RTA_OIF")
+        if oif is not None and oif not in self.mine:
+            return False
+        prefix = f"{r.get_attr('RTA_DST') or '0.0.0.0'}/{r['dst_len']}"
+        hops = [h.get_attr("RTA_GATEWAY") for h in r.get_attr("RTA_MULTIPATH") or ()] or [r.get_attr("RTA_GATEWAY")]
+        gateways = sorted((g for g in hops if g), key=ipaddress.ip_address)
+        return _put(self.out.routes, prefix, gateways[0] if present and gateways else None)
+
+    def learned(self) -> Learned:
+        """A copy of what is folded so far (the router MACs of both sources merged: the
+        neighbour's wins), safe to hand to another thread."""
+        o = self.out
+        rmacs = dict(self._rmac_fdb)
+        rmacs.update(self._rmac_neigh)
+        return Learned(macs=dict(o.macs), flood={v: set(d) for v, d in o.flood.items()}, neighs=dict(o.neighs),
+                       rmacs=rmacs, routes=dict(o.routes))
+
+
+def _put(d: dict, key, value, only_if=None) -> bool:
+    """d[key] = value, or (value None) removes it — only while it holds `only_if` when given
+    (an FDB entry's delete names the remote it removes). Whether d changed."""
+    old = d.get(key)
+    if value is None:
+        if old is None or (only_if is not None and old != only_if):
+            return False
+        del d[key]
+        return True
+    if old == value:
+        return False
+    d[key] = value
+    return True
+
+
 def _learned(scan: _Scan, place: _Place, tag: str) -> Learned:
     """What zebra installed for one tenant, from its namespace's scan."""
-    mine = _members(scan, place)
-    links = {i: scan.links[i] for i in mine}
-    l3_bridges = {i for i, link in links.items() if link.alias == f"{ALIAS}:{tag}:l3vni"}
-    vx = {i: link for i, link in links.items() if link.kind == "vxlan" and link.vni is not None}
-    l2_vx = {i: link.vni for i, link in vx.items() if link.master not in l3_bridges}
-    l3_vx = {i for i, link in vx.items() if link.master in l3_bridges}
-    svi_vni = {link.master: link.vni for link in vx.values() if link.master not in l3_bridges}
-    out = Learned()
-    rmac_fdb: Dict[str, str] = {}
-    for e in scan.fdb:
-        i, mac, dst = e["ifindex"], e.get_attr("NDA_LLADDR"), e.get_attr("NDA_DST")
-        if i not in vx or dst is None or not e["flags"] & nl.NTF_SELF:
-            continue
-        if i in l2_vx:
-            if mac == nl.ZERO_MAC:
-                out.flood.setdefault(l2_vx[i], set()).add(dst)
-            elif e["flags"] & nl.NTF_EXT_LEARNED:
-                out.macs[(l2_vx[i], mac)] = dst
-        elif i in l3_vx and mac != nl.ZERO_MAC and e["flags"] & nl.NTF_EXT_LEARNED:
-            rmac_fdb[dst] = mac
-    for n in scan.neigh:
-        i, ip, mac = n["ifindex"], n.get_attr("NDA_DST"), n.get_attr("NDA_LLADDR")
-        if not n["flags"] & nl.NTF_EXT_LEARNED or mac is None or n["state"] & nl.NUD_FAILED:
-            continue
-        if i in svi_vni:
-            out.neighs[(svi_vni[i], ip)] = mac
-        elif i in l3_bridges:
-            out.rmacs[ip] = mac
-    for vtep, mac in rmac_fdb.items():
-        out.rmacs.setdefault(vtep, mac)
-    for r in scan.routes:
-        table = r.get_attr("RTA_TABLE") or r["table"]
-        if r["proto"] != nl.RTPROT_BGP or table != place.table:
-            continue
-        hops = [h.get_attr("RTA_GATEWAY") for h in r.get_attr("RTA_MULTIPATH") or ()] or [r.get_attr("RTA_GATEWAY")]
-        oif = r.get_attr("RTA_OIF")
-        if oif is not None and oif not in mine:
-            continue
-        gateways = sorted((g for g in hops if g), key=ipaddress.ip_address)
-        if gateways:
-            out.routes[f"{r.get_attr('RTA_DST') or '0.0.0.0'}/{r['dst_len']}"] = gateways[0]
-    return out
+    return _Fold(scan, place, tag).fill(scan).learned()
 
 
 # ---- running ip ------------------------------------------------------------------------------
@@ -823,6 +906,12 @@ class Shadow:
                 raise InvalidArgumentError(f"shadow {self.tag} is already being watched (stop() first)")
             self._watcher = Watcher(self, on_change, debounce_s, max_delay_s)
             self._watcher.start()
+
+    def watched(self) -> Optional[Dict[str, Learned]]:
+        """In a watch callback: what every tenant learned, as the watch's events built it (what
+        read() would return, without a dump); None when some tenant is not watched."""
+        w = self._watcher
+        return w.learned() if w is not None else None
 
     def batch_since(self) -> Optional[float]:
         """In a watch callback: time.monotonic() when the first event it reports was read."""
