@@ -1,7 +1,7 @@
-"""A fabric of dpu hosts (issue 28): two hosts running `dpu run` (h2 with its managed FRR; h3
-with `frr: external`, an operator's FRR started after dpu), a route reflector, and a plain
-Linux EVPN VTEP (h1, FRR configured as its documentation shows;
-tests/evpn_lab.py); two tenants with the same addresses.
+"""A fabric of dpu hosts (issue 28): two hosts running `dpu run` with its managed FRR (h2, h3),
+a third with `frr: external` (h4: an operator's FRR, started after dpu), a route reflector, and
+a plain Linux EVPN VTEP (h1, FRR configured as its documentation shows; tests/evpn_lab.py);
+two tenants with the same addresses.
 
 Each dpu host is one of the lab's bare hosts; its VMs are namespaces behind veths that dpu
 forwards for. The route reflector doubles as the underlay's router (dpu's uplink next hop).
@@ -41,6 +41,9 @@ VM_IP = "10.0.0.20"
 H2 = {t: (mac, vni, l3, "10.0.0.0/24", VM_IP) for t, (mac, vni, l3) in VM.items()}
 H3 = {"red": ("02:d0:00:03:01:23", 101, 4001, "10.0.1.0/24", "10.0.1.23"),
       "blue": ("02:d0:00:03:02:23", 200, 4002, "10.0.0.0/24", "10.0.0.23")}
+# h4's (dpu with the operator's FRR): as h3's, its own addresses
+H4 = {"red": ("02:d0:00:04:01:24", 101, 4001, "10.0.1.0/24", "10.0.1.24"),
+      "blue": ("02:d0:00:04:02:24", 200, 4002, "10.0.0.0/24", "10.0.0.24")}
 SERVER = r"""
 import hashlib, socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -195,17 +198,17 @@ class DpuHost:
 
 @pytest.fixture(scope="module")
 def fabric():
-    with Lab(kinds=("vtep", "bare", "bare")) as lab:
+    with Lab(kinds=("vtep", "bare", "bare", "bare")) as lab:
         rr = f"{lab.tag}-rr"
         sysctl(rr, "net.ipv4.ip_forward", 1)          # the underlay's router too: dpu's next hop
         sysctl(rr, "net.ipv4.conf.all.send_redirects", 0)
         sysctl(rr, "net.ipv4.conf.uplink.send_redirects", 0)
-        host, host3 = DpuHost(lab), DpuHost(lab, "h3", H3, external=True)
+        host, host3, host4 = DpuHost(lab), DpuHost(lab, "h3", H3), DpuHost(lab, "h4", H4, external=True)
         try:
-            for h in (host, host3):
+            for h in (host, host3, host4):
                 h.start()
-            host3.start_operator_frr()         # after dpu: its neighbours must be re-signalled
-            for h in (host, host3):
+            host4.start_operator_frr()         # after dpu: its neighbours must be re-signalled
+            for h in (host, host3, host4):
                 try:
                     wait_for(lambda: lab.sessions().get(h.ip) == "Established", 60, f"{h.ip}'s BGP session at the reflector")
                 except AssertionError as e:
@@ -217,10 +220,10 @@ def fabric():
                 return all(v[t]["macs"] >= 1 and v[t]["routes"] >= 2 for t in VM)
 
             wait_for(learned, 60, "dpu to learn h1's endpoints and routes in both tenants")
-            host.peer = host3
+            host.peer, host.peer_external = host3, host4
             yield lab, host, h1
         finally:
-            for h in (host, host3):
+            for h in (host, host3, host4):
                 h.stop()
                 if h.operator_frr is not None:
                     h.operator_frr.stop()
@@ -408,46 +411,46 @@ def test_second_dpu_host_and_the_linux_vtep(fabric):
 
 
 def test_external_frr_started_after_dpu_and_restarted(fabric):
-    """h3 runs `frr: external`: the operator's FRR, started after dpu (the fixture), got dpu's
-    neighbours re-signalled, so h1 holds h3's MAC+IP routes (not only MACs). The operator stops
+    """h4 runs `frr: external`: the operator's FRR, started after dpu (the fixture), got dpu's
+    neighbours re-signalled, so h1 holds h4's MAC+IP routes (not only MACs). The operator stops
     it: dpu holds what was learned (trace still names the learned route) and starts nothing;
     the operator starts it again: the new zebra is re-signalled, h1 has the MAC+IP routes
-    again and h3's VMs reach h1 through the L3 VNI."""
+    again and h4's VMs reach h1 through the L3 VNI."""
     lab, host, h1 = fabric
-    host3 = host.peer
-    v = host3.evpn()
-    assert v["evpn"]["frr"] == "external" and v["frr_dir"] == host3.frr_dir
+    host4 = host.peer_external
+    v = host4.evpn()
+    assert v["evpn"]["frr"] == "external" and v["frr_dir"] == host4.frr_dir
     assert v["sessions"] == {RR_IP: True}
     assert set(v["vrfs"]) == {"red", "blue"}
 
     def advertised():
         routes = lab.evpn_routes(h1.frr)
-        return all(f"[2]:[0]:[48]:[{mac}]:[32]:[{vm_ip}] vni {vni} via {host3.ip}" in routes
-                   for mac, vni, _, _, vm_ip in H3.values())
+        return all(f"[2]:[0]:[48]:[{mac}]:[32]:[{vm_ip}] vni {vni} via {host4.ip}" in routes
+                   for mac, vni, _, _, vm_ip in H4.values())
 
-    wait_for(advertised, 30, "h1 to hold h3's MAC+IP routes (neighbours re-signalled for the operator's zebra)")
-    ep = lab.endpoint("h1", "red", 100)            # 10.0.0.11: from h3's red (10.0.1.23), routed
-    pkt = f'Ether(src="{H3["red"][0]}",dst="{GATEWAY_MAC}")/IP(src="{H3["red"][4]}",dst="{ep.ip}")/UDP(dport=9)'
+    wait_for(advertised, 30, "h1 to hold h4's MAC+IP routes (neighbours re-signalled for the operator's zebra)")
+    ep = lab.endpoint("h1", "red", 100)            # 10.0.0.11: from h4's red (10.0.1.24), routed
+    pkt = f'Ether(src="{H4["red"][0]}",dst="{GATEWAY_MAC}")/IP(src="{H4["red"][4]}",dst="{ep.ip}")/UDP(dport=9)'
 
     def mirrored():
-        v = host3.evpn()
+        v = host4.evpn()
         return not v["held"] and all(v["learned"][t]["routes"] >= 2 for t in VM) and v
 
-    learned = wait_for(mirrored, 60, "h3 to mirror what its operator's FRR installed")["learned"]
-    host3.operator_frr.stop()
+    learned = wait_for(mirrored, 60, "h4 to mirror what its operator's FRR installed")["learned"]
+    host4.operator_frr.stop()
     try:
-        wait_for(lambda: host3.evpn()["held"], 10, "dpu to hold what was learned while the operator's FRR is down")
-        held = host3.evpn()
+        wait_for(lambda: host4.evpn()["held"], 10, "dpu to hold what was learned while the operator's FRR is down")
+        held = host4.evpn()
         assert held["learned"] == learned, "nothing learned was dropped while FRR is down"
-        assert "sessions_error" in held and host3.frr_dir in held["sessions_error"]
-        out = host3.ctl_call("trace", "--in-port", "rred", pkt)
+        assert "sessions_error" in held and host4.frr_dir in held["sessions_error"]
+        out = host4.ctl_call("trace", "--in-port", "rred", pkt)
         assert f"learned from the fabric: host route {ep.ip}/32 via {h1.vtep_ip}" in out, out
     finally:
-        host3.operator_frr.start()
-    wait_for(lambda: not host3.evpn()["held"], 60, "dpu to resume mirroring the operator's FRR")
-    wait_for(advertised, 60, "h1 to hold h3's MAC+IP routes again (the new zebra re-signalled)")
-    wait_for(lambda: nsexec(host3.vms["red"], "ping", "-c", "1", "-W", "1", "-q", ep.ip, check=False).returncode == 0,
-             60, "h3's red VM to reach h1 through the L3 VNI again")
+        host4.operator_frr.start()
+    wait_for(lambda: not host4.evpn()["held"], 60, "dpu to resume mirroring the operator's FRR")
+    wait_for(advertised, 60, "h1 to hold h4's MAC+IP routes again (the new zebra re-signalled)")
+    wait_for(lambda: nsexec(host4.vms["red"], "ping", "-c", "1", "-W", "1", "-q", ep.ip, check=False).returncode == 0,
+             60, "h4's red VM to reach h1 through the L3 VNI again")
 
 
 def test_a_vm_that_moves_to_another_host_is_followed(fabric):
