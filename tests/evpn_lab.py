@@ -51,6 +51,7 @@ documentation shows, so that dpu's renderer is checked against them, not with th
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import ipaddress
 import itertools
@@ -650,11 +651,13 @@ class NeighEvent:
 class NeighWatch:
     """Neighbour and FDB events (RTNLGRP_NEIGH) of namespace ns, read by a thread as they
     come, each stamped with its arrival time. A plain netlink socket made in ns; pyroute2
-    only parses the messages."""
+    only parses the messages. Its buffer holds a burst of thousands; if the kernel still
+    drops some (ENOBUFS) it counts them in `overruns` and goes on."""
 
     def __init__(self, ns: str):
-        self.sock = Rtnl(ns, RTMGRP_NEIGH)
+        self.sock = Rtnl(ns, RTMGRP_NEIGH, rcvbuf=8 << 20)
         self.events: list[NeighEvent] = []
+        self.overruns = 0
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"neighwatch-{ns}", daemon=True)
@@ -664,7 +667,13 @@ class NeighWatch:
         while not self._stop.is_set():
             if not select.select([self.sock], [], [], 0.2)[0]:
                 continue
-            msgs = self.sock.events()
+            try:
+                msgs = self.sock.events()
+            except OSError as e:
+                if e.errno != errno.ENOBUFS:
+                    raise
+                self.overruns += 1
+                continue
             now = time.monotonic()
             with self._cond:
                 for m in msgs:

@@ -60,8 +60,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 from .. import cleanup
 from ..errors import FabricError, InvalidArgumentError
 from . import netlink as nl
+from .fold import ALIAS, Learned, Place, Scan, dump_ns, learned_of, members
+from .watch import Watcher
 
-ALIAS = "dpu-shadow"
 KERNEL_VRF_TABLE_BASE = 1 << 24       # kernel mode: tenant table = base + L3 VNI (never 253..255)
 MODES = ("netns", "kernel", "auto")
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
@@ -101,28 +102,6 @@ class ShadowTenant:
     router_mac: str
     subnets: Tuple[ShadowSubnet, ...] = ()
     ports: Tuple[ShadowPort, ...] = ()
-
-
-@dataclass
-class Learned:
-    """One tenant as FRR installed it in the kernel (tests/EVPN_LAB.md, "What FRR installs").
-
-    macs:   (vni, mac) -> remote VTEP   type-2 MAC: `dst VTEP self extern_learn` on vx<vni>
-    flood:  vni -> remote VTEPs          type-3: all-zero MAC `dst VTEP self permanent`
-    neighs: (vni, ip) -> mac             type-2 MAC+IP: `extern_learn` neighbours on br<vni>
-    rmacs:  remote VTEP -> router MAC    the VTEP as a neighbour on br<l3vni> (else vx<l3vni>'s FDB)
-    routes: "a.b.c.d/n" -> remote VTEP   host (type-2) and prefix (type-5) routes, `proto bgp`
-                                         via VTEP onlink on br<l3vni> (ECMP: the lowest VTEP)
-    seq:    (vni, mac) -> MAC mobility sequence: the kernel does not carry it, so read() leaves
-            it empty (zebra applies RFC 7432 section 15 and installs only the winner); see
-            dpu.fabric.frr.ManagedFrr.mac_sequences()
-    """
-    macs: Dict[Tuple[int, str], str] = field(default_factory=dict)
-    flood: Dict[int, Set[str]] = field(default_factory=dict)
-    neighs: Dict[Tuple[int, str], str] = field(default_factory=dict)
-    rmacs: Dict[str, str] = field(default_factory=dict)
-    routes: Dict[str, str] = field(default_factory=dict)
-    seq: Dict[Tuple[int, str], int] = field(default_factory=dict)
 
 
 def _mac(value, where: str, problems: List[str]) -> str:
@@ -259,211 +238,6 @@ def validate(tenants: Sequence[ShadowTenant], mode: str = "netns") -> Tuple[Shad
     return tuple(out)
 
 
-# ---- what the kernel has ----------------------------------------------------------------------
-
-@dataclass
-class _Link:
-    index: int
-    name: str
-    kind: Optional[str]
-    master: int
-    alias: str
-    mac: str
-    flags: int
-    vni: Optional[int] = None
-    local: Optional[str] = None
-    port: Optional[int] = None
-    table: Optional[int] = None
-
-
-@dataclass
-class _Scan:
-    """One namespace's links (with their IPv4 addresses) and, as asked, FDB, neighbours, routes."""
-    links: Dict[int, _Link]
-    addrs: Dict[int, Set[str]]
-    fdb: list
-    neigh: list
-    routes: list
-
-    def by_name(self, name: str) -> Optional[_Link]:
-        return next((link for link in self.links.values() if link.name == name), None)
-
-
-def _scan(ns: Optional[str], entries: bool = True, routes: bool = False) -> _Scan:
-    with nl.Rtnl(ns) as sock:
-        raw = sock.dump("links")
-        addrs: Dict[int, Set[str]] = {}
-        for a in sock.dump("addresses"):
-            local = a.get_attr("IFA_LOCAL") or a.get_attr("IFA_ADDRESS")
-            addrs.setdefault(a["index"], set()).add(f"{local}/{a['prefixlen']}")
-        fdb = sock.dump("fdb") if entries else []
-        neigh = sock.dump("neighbours") if entries else []
-        rts = sock.dump("routes") if routes else []
-    links = {}
-    for m in raw:
-        info = m.get_attr("IFLA_LINKINFO")
-        data = info.get_attr("IFLA_INFO_DATA") if info else None
-        link = _Link(m["index"], m.get_attr("IFLA_IFNAME"), nl.link_kind(m), m.get_attr("IFLA_MASTER") or 0,
-                     m.get_attr("IFLA_IFALIAS") or "", (m.get_attr("IFLA_ADDRESS") or "").lower(), m["flags"])
-        if link.kind == "vxlan" and data is not None:
-            link.vni = data.get_attr("IFLA_VXLAN_ID")
-            link.local = data.get_attr("IFLA_VXLAN_LOCAL") or data.get_attr("IFLA_VXLAN_LOCAL6")
-            link.port = data.get_attr("IFLA_VXLAN_PORT")
-        elif link.kind == "vrf" and data is not None:
-            link.table = data.get_attr("IFLA_VRF_TABLE")
-        links[link.index] = link
-    return _Scan(links, addrs, fdb, neigh, rts)
-
-
-@dataclass(frozen=True)
-class _Place:
-    """Where a tenant's objects are: namespace ns (None: this process's), inside VRF device vrf
-    (kernel mode) or alone in their namespace (vrf None); its routes are in `table`."""
-    ns: Optional[str]
-    vrf: Optional[str]
-    table: int
-
-
-def _members(scan: _Scan, place: _Place) -> Set[int]:
-    """The ifindexes of a tenant's devices in its namespace's scan."""
-    if place.vrf is None:
-        return set(scan.links)
-    vrf = scan.by_name(place.vrf)
-    if vrf is None:
-        return set()
-    bridges = {i for i, link in scan.links.items() if link.master == vrf.index}
-    return {vrf.index} | bridges | {i for i, link in scan.links.items() if link.master in bridges}
-
-
-class _Fold:
-    """One tenant's Learned, folded from netlink messages: the one place that says what an
-    entry FRR installed means. read() folds a fresh dump into a new one; the watch keeps one
-    per tenant and folds each event into it (`message`), so a change costs what it changes
-    instead of a dump of everything learned. Each kernel object is keyed as the kernel keys it
-    (a VXLAN FDB entry by MAC and remote, a neighbour by device and address, a route by table
-    and prefix), so an event sets or clears exactly what it names, and replaying events over a
-    dump taken after the socket was opened ends in the kernel's state."""
-
-    def __init__(self, scan: _Scan, place: _Place, tag: str) -> None:
-        self.mine = _members(scan, place)
-        links = {i: scan.links[i] for i in self.mine}
-        self.l3_bridges = {i for i, link in links.items() if link.alias == f"{ALIAS}:{tag}:l3vni"}
-        vx = {i: link for i, link in links.items() if link.kind == "vxlan" and link.vni is not None}
-        self.l2_vx = {i: link.vni for i, link in vx.items() if link.master not in self.l3_bridges}
-        self.l3_vx = {i for i, link in vx.items() if link.master in self.l3_bridges}
-        self.svi_vni = {link.master: link.vni for link in vx.values() if link.master not in self.l3_bridges}
-        self.table = place.table
-        self.out = Learned()
-        self._rmac_fdb: Dict[str, str] = {}     # VTEP -> router MAC from br<l3vni>'s VXLAN FDB
-        self._rmac_neigh: Dict[str, str] = {}   # VTEP -> router MAC from its neighbour on br<l3vni>
-
-    def fill(self, scan: _Scan) -> "_Fold":
-        for e in scan.fdb:
-            self.fdb(e, True)
-        for n in scan.neigh:
-            self.neigh(n, True)
-        for r in scan.routes:
-            self.route(r, True)
-        return self
-
-    def message(self, m) -> bool:
-        """Folds one event (RTM_NEW*/RTM_DEL*); whether what this tenant learned changed."""
-        event = m.get("event")
-        if event in ("RTM_NEWNEIGH", "RTM_DELNEIGH"):
-            if m["family"] == socket.AF_BRIDGE:
-                return self.fdb(m, event == "RTM_NEWNEIGH")
-            return self.neigh(m, event == "RTM_NEWNEIGH")
-        if event in ("RTM_NEWROUTE", "RTM_DELROUTE"):
-            return self.route(m, event == "RTM_NEWROUTE")
-        return False
-
-    def fdb(self, e, present: bool) -> bool:
-        """A VXLAN FDB entry (mac, dst): zebra's remote MACs, flood lists, router MACs."""
-        i, mac, dst = e["ifindex"], e.get_attr("NDA_LLADDR"), e.get_attr("NDA_DST")
-        if dst is None or not e["flags"] & nl.NTF_SELF:
-            return False
-        zebra = present and bool(e["flags"] & nl.NTF_EXT_LEARNED)
-        if i in self.l2_vx:
-            vni = self.l2_vx[i]
-            if mac == nl.ZERO_MAC:
-                have = self.out.flood.get(vni, set())
-                if present == (dst in have):
-                    return False
-                if present:
-                    self.out.flood.setdefault(vni, set()).add(dst)
-                else:
-                    have.discard(dst)
-                    if not have:
-                        del self.out.flood[vni]
-                return True
-            return _put(self.out.macs, (vni, mac), dst if zebra else None, dst)
-        if i in self.l3_vx and mac != nl.ZERO_MAC:
-            before = self._rmac(dst)
-            _put(self._rmac_fdb, dst, mac if zebra else None, mac)
-            return self._rmac(dst) != before
-        return False
-
-    def neigh(self, n, present: bool) -> bool:
-        """An IPv4 neighbour: zebra's MAC+IP entries on an SVI, router MACs on br<l3vni>. A
-        neighbour rewritten FAILED without a MAC is zebra beginning to delete it: gone."""
-        i, ip, mac = n["ifindex"], n.get_attr("NDA_DST"), n.get_attr("NDA_LLADDR")
-        ok = (present and bool(n["flags"] & nl.NTF_EXT_LEARNED) and mac is not None
-              and not n["state"] & nl.NUD_FAILED)
-        if i in self.svi_vni:
-            return _put(self.out.neighs, (self.svi_vni[i], ip), mac if ok else None)
-        if i in self.l3_bridges:
-            before = self._rmac(ip)
-            _put(self._rmac_neigh, ip, mac if ok else None)
-            return self._rmac(ip) != before
-        return False
-
-    def _rmac(self, vtep: str) -> Optional[str]:
-        return self._rmac_neigh.get(vtep) or self._rmac_fdb.get(vtep)
-
-    def route(self, r, present: bool) -> bool:
-        """A `proto bgp` route in the tenant's table: host and prefix routes (ECMP: the lowest
-        VTEP). Other routes (the kernel's own) never clear one: they are other objects."""
-        table = r.get_attr("RTA_TABLE") or r["table"]
-        if r["proto"] != nl.RTPROT_BGP or table != self.table:
-            return False
-        oif = r.get_attr("RTA_OIF")
-        if oif is not None and oif not in self.mine:
-            return False
-        prefix = f"{r.get_attr('RTA_DST') or '0.0.0.0'}/{r['dst_len']}"
-        hops = [h.get_attr("RTA_GATEWAY") for h in r.get_attr("RTA_MULTIPATH") or ()] or [r.get_attr("RTA_GATEWAY")]
-        gateways = sorted((g for g in hops if g), key=ipaddress.ip_address)
-        return _put(self.out.routes, prefix, gateways[0] if present and gateways else None)
-
-    def learned(self) -> Learned:
-        """A copy of what is folded so far (the router MACs of both sources merged: the
-        neighbour's wins), safe to hand to another thread."""
-        o = self.out
-        rmacs = dict(self._rmac_fdb)
-        rmacs.update(self._rmac_neigh)
-        return Learned(macs=dict(o.macs), flood={v: set(d) for v, d in o.flood.items()}, neighs=dict(o.neighs),
-                       rmacs=rmacs, routes=dict(o.routes))
-
-
-def _put(d: dict, key, value, only_if=None) -> bool:
-    """d[key] = value, or (value None) removes it — only while it holds `only_if` when given
-    (an FDB entry's delete names the remote it removes). Whether d changed."""
-    old = d.get(key)
-    if value is None:
-        if old is None or (only_if is not None and old != only_if):
-            return False
-        del d[key]
-        return True
-    if old == value:
-        return False
-    d[key] = value
-    return True
-
-
-def _learned(scan: _Scan, place: _Place, tag: str) -> Learned:
-    """What zebra installed for one tenant, from its namespace's scan."""
-    return _Fold(scan, place, tag).fill(scan).learned()
-
-
 # ---- running ip ------------------------------------------------------------------------------
 
 def _ip_batch(ns: Optional[str], lines: List[str], what: str) -> None:
@@ -563,35 +337,35 @@ class Shadow:
 
     # -- where things are
 
-    def _place(self, tenant: ShadowTenant) -> _Place:
+    def _place(self, tenant: ShadowTenant) -> Place:
         if self.mode == "kernel":
-            return _Place(self.underlay_netns, tenant.name, KERNEL_VRF_TABLE_BASE + tenant.l3vni)
-        return _Place(f"{self.tag}-{tenant.name}", None, nl.RT_TABLE_MAIN)
+            return Place(self.underlay_netns, tenant.name, KERNEL_VRF_TABLE_BASE + tenant.l3vni)
+        return Place(f"{self.tag}-{tenant.name}", None, nl.RT_TABLE_MAIN)
 
     def _alias(self, role: str = "") -> str:
         return f"{ALIAS}:{self.tag}" + (f":{role}" if role else "")
 
-    def _found(self) -> Dict[str, _Place]:
+    def _found(self) -> Dict[str, Place]:
         """Tenants this tag has in the kernel now (by their marks), with their places."""
-        out: Dict[str, _Place] = {}
+        out: Dict[str, Place] = {}
         if self.mode == "kernel":
             with contextlib.suppress(OSError):
-                scan = _scan(self.underlay_netns, entries=False)
+                scan = dump_ns(self.underlay_netns, entries=False)
                 for link in scan.links.values():
                     if link.kind == "vrf" and link.alias == self._alias():
-                        out[link.name] = _Place(self.underlay_netns, link.name, link.table or 0)
+                        out[link.name] = Place(self.underlay_netns, link.name, link.table or 0)
             return out
         prefix = f"{self.tag}-"
         for ns in _netns_names():
             if not ns.startswith(prefix):
                 continue
             with contextlib.suppress(OSError):
-                lo = _scan(ns, entries=False).by_name("lo")
+                lo = dump_ns(ns, entries=False).by_name("lo")
                 if lo is not None and lo.alias == self._alias():
-                    out[ns[len(prefix):]] = _Place(ns, None, nl.RT_TABLE_MAIN)
+                    out[ns[len(prefix):]] = Place(ns, None, nl.RT_TABLE_MAIN)
         return out
 
-    def _tenant_places(self, names: Optional[Iterable[str]] = None) -> Dict[str, Tuple[_Place, Optional[int]]]:
+    def _tenant_places(self, names: Optional[Iterable[str]] = None) -> Dict[str, Tuple[Place, Optional[int]]]:
         """tenant -> (place, L3 VNI if known) for the wanted tenants (or, before any apply(),
         those found in the kernel); `names` selects some."""
         if self._wanted is not None:
@@ -624,11 +398,11 @@ class Shadow:
         wanted = validate(tenants, self.mode)
         with self._lock:
             found = self._found()
-            scans: Dict[Optional[str], _Scan] = {}
+            scans: Dict[Optional[str], Scan] = {}
             for place in list(found.values()) + [self._place(t) for t in wanted]:
                 # a tenant namespace without the mark is one a process died making: adopted
                 if place.ns not in scans and (place.vrf is not None or os.path.exists(f"/run/netns/{place.ns}")):
-                    scans[place.ns] = _scan(place.ns)
+                    scans[place.ns] = dump_ns(place.ns)
             self._check_conflicts(wanted, found, scans)
             steps: List[Tuple[Optional[str], str]] = []
             entries = _Entries()
@@ -671,26 +445,26 @@ class Shadow:
         if problems:
             raise FabricError("\n".join(problems))
 
-    def _plan_removal(self, place: _Place, scan: _Scan, steps) -> None:
+    def _plan_removal(self, place: Place, scan: Scan, steps) -> None:
         """A tenant no longer wanted: its ports, VXLAN devices (zebra withdraws the VNI's
         routes), bridges, then (kernel mode) its VRF; in netns mode the namespace goes after."""
-        mine = _members(scan, place)
+        mine = members(scan, place)
         links = [scan.links[i] for i in mine]
         for kind in ("tun", "vxlan", "bridge", "vrf"):
             for link in links:
                 if link.kind == kind and (place.vrf is None or link.alias.startswith(self._alias())):
                     steps.append((place.ns, f"link del {link.name}"))
 
-    def _plan_tenant(self, t: ShadowTenant, place: _Place, scan: Optional[_Scan], steps,
+    def _plan_tenant(self, t: ShadowTenant, place: Place, scan: Optional[Scan], steps,
                      entries: _Entries, flapped: Set[int]) -> None:
         ns = place.ns
         new_ns = scan is None
         if new_ns:
             steps.append((None, f"netns add {ns}"))
-            scan = _Scan({}, {}, [], [], [])
+            scan = Scan({}, {}, [], [], [])
         if place.vrf is None and getattr(scan.by_name("lo"), "alias", None) != self._alias():
             steps.append((ns, f"link set lo up alias {self._alias()}"))
-        mine = _members(scan, place)
+        mine = members(scan, place)
         links = {scan.links[i].name: scan.links[i] for i in mine}
         if place.vrf is not None and place.vrf not in links:
             steps.append((ns, f"link add {place.vrf} type vrf table {place.table}"))
@@ -830,7 +604,7 @@ class Shadow:
         def sock(ns):
             if ns not in socks:
                 s = nl.Rtnl(ns)
-                socks[ns] = (s, {link.name: i for i, link in _scan(ns, entries=False).links.items()})
+                socks[ns] = (s, {link.name: i for i, link in dump_ns(ns, entries=False).links.items()})
             return socks[ns]
 
         def do(ns, what, fn):
@@ -879,16 +653,16 @@ class Shadow:
         """What FRR installed, per tenant (all, or those named): one netlink dump of links,
         FDB, neighbours and routes per namespace. Safe from any thread."""
         places = self._tenant_places(tenants)
-        scans: Dict[Optional[str], _Scan] = {}
+        scans: Dict[Optional[str], Scan] = {}
         out = {}
         for name, (place, _) in places.items():
             if place.ns not in scans:
                 try:
-                    scans[place.ns] = _scan(place.ns, routes=True)
+                    scans[place.ns] = dump_ns(place.ns, routes=True)
                 except OSError as e:
                     raise FabricError(f"shadow {self.tag}: reading tenant {name!r} in {place.ns}: "
                                       f"{e.strerror or e}") from None
-            out[name] = _learned(scans[place.ns], place, self.tag)
+            out[name] = learned_of(scans[place.ns], place, self.tag)
         return out
 
     # -- watching
@@ -900,7 +674,6 @@ class Shadow:
         changed: once `debounce_s` passed without another event, or `max_delay_s` (default 4 x
         debounce_s) after the first, never twice within debounce_s. It also re-signals the
         neighbours of a VNI whose VXLAN device comes back up. stop() ends it."""
-        from .watch import Watcher
         with self._lock:
             if self._watcher is not None:
                 raise InvalidArgumentError(f"shadow {self.tag} is already being watched (stop() first)")
@@ -941,7 +714,7 @@ class Shadow:
                 steps: List[Tuple[Optional[str], str]] = []
                 if place.vrf is not None or os.path.exists(f"/run/netns/{place.ns}"):
                     with contextlib.suppress(OSError):
-                        self._plan_removal(place, _scan(place.ns, entries=False), steps)
+                        self._plan_removal(place, dump_ns(place.ns, entries=False), steps)
                 with contextlib.suppress(FabricError):
                     self._run_steps(steps)
                 if place.vrf is None:

@@ -4,7 +4,7 @@
 namespace (kernel-VRF mode: one for the shared namespace), bound to the link, neighbour and
 IPv4 route groups. It keeps what each tenant learned itself, incrementally: one dump of the
 namespace when its socket opens (after, so no event is missed), then every neighbour, FDB and
-route event folded into it (`shadow._Fold`, the same code read() folds a dump with). An event
+route event folded into it (`fold.Fold`, the same code read() folds a dump with). An event
 that changes a tenant's entries marks the tenant; one that changes no entry (the shadow's own
 static entries, a refresh of an unchanged one) marks nothing. So a change costs what it
 changes: with 10,000 MACs learned, a full read() takes a quarter of a second, an event
@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 from ..errors import InvalidArgumentError
 from . import netlink as nl
+from .fold import Fold, dump_ns
 
 log = logging.getLogger("dpu.fabric")
 GROUPS = nl.RTMGRP_LINK | nl.RTMGRP_NEIGH | nl.RTMGRP_IPV4_ROUTE
@@ -108,7 +109,7 @@ class Watcher:
         self.batch_since: Optional[float] = None
         self._socks: Dict[Optional[str], Tuple[nl.Rtnl, Set[str]]] = {}
         self._links: Dict[Tuple[Optional[str], int], str] = {}    # VXLAN devices: "up", "down", "new"
-        self._folds: Dict[Optional[str], Dict[str, Any]] = {}    # namespace -> tenant -> shadow._Fold
+        self._folds: Dict[Optional[str], Dict[str, Any]] = {}    # namespace -> tenant -> Fold
         self._rescan: Set[Optional[str]] = set()                  # namespaces to dump before the next callback
         self._next_verify = time.monotonic() + VERIFY_S
         self.drifts = 0                        # verifications that found the events' state wrong
@@ -132,12 +133,13 @@ class Watcher:
         """Every tenant's Learned as the events built it (copies); None if a tenant has none
         (its namespace could not be watched: read() it instead). Only in on_change, or before
         start(): the watch thread changes them."""
+        with self.shadow._lock:
+            wanted = set(self.shadow._tenant_places())
         out = {}
         for folds in self._folds.values():
             for name, fold in folds.items():
-                out[name] = fold.learned()
-        with self.shadow._lock:
-            wanted = set(self.shadow._tenant_places())
+                if name in wanted:
+                    out[name] = fold.learned()
         return out if wanted <= set(out) else None
 
     def stop(self) -> None:
@@ -169,64 +171,67 @@ class Watcher:
 
     def _sync(self) -> None:
         """A socket per namespace of the Shadow's tenants (opened before the namespace's VXLAN
-        devices are listed, so no change between the two is missed)."""
+        devices are listed, so no change between the two is missed). The Shadow's lock is held
+        only to read its tenants: the dumps run without it."""
         with self.shadow._lock:
             want: Dict[Optional[str], Set[str]] = {}
             for name, (place, _) in self.shadow._tenant_places().items():
                 want.setdefault(place.ns, set()).add(name)
-            for ns in list(self._socks):
-                if ns not in want:
-                    self._socks.pop(ns)[0].close()
-                    self._folds.pop(ns, None)
-                    self._links = {k: v for k, v in self._links.items() if k[0] != ns}
-            for ns, names in want.items():
-                if ns in self._socks:
-                    if names != self._socks[ns][1]:
-                        self._rescan.add(ns)
-                    self._socks[ns] = (self._socks[ns][0], names)
-                    continue
-                try:
-                    sock = nl.Rtnl(ns, GROUPS, rcvbuf=RCVBUF)
-                except OSError as e:
-                    log.warning("shadow %s: cannot watch %s: %s", self.shadow.tag, ns, e.strerror or e)
-                    continue
-                self._socks[ns] = (sock, names)
-                try:
-                    with nl.Rtnl(ns) as dump:
-                        for link in dump.dump("links"):
-                            if nl.link_kind(link) == "vxlan":
-                                self._links[(ns, link["index"])] = "up" if link["flags"] & nl.IFF_UP else "down"
-                except OSError as e:
-                    log.warning("shadow %s: cannot list the links of %s: %s", self.shadow.tag, ns, e.strerror or e)
-                self._dump(ns)
+        for ns in list(self._socks):
+            if ns not in want:
+                self._socks.pop(ns)[0].close()
+                self._folds.pop(ns, None)
+                self._links = {k: v for k, v in self._links.items() if k[0] != ns}
+        for ns, names in want.items():
+            if ns in self._socks:
+                if names != self._socks[ns][1]:
+                    self._rescan.add(ns)
+                self._socks[ns] = (self._socks[ns][0], names)
+                continue
+            try:
+                sock = nl.Rtnl(ns, GROUPS, rcvbuf=RCVBUF)
+            except OSError as e:
+                log.warning("shadow %s: cannot watch %s: %s", self.shadow.tag, ns, e.strerror or e)
+                continue
+            self._socks[ns] = (sock, names)
+            try:
+                with nl.Rtnl(ns) as dump:
+                    for link in dump.dump("links"):
+                        if nl.link_kind(link) == "vxlan":
+                            self._links[(ns, link["index"])] = "up" if link["flags"] & nl.IFF_UP else "down"
+            except OSError as e:
+                log.warning("shadow %s: cannot list the links of %s: %s", self.shadow.tag, ns, e.strerror or e)
+            self._dump(ns)
 
     def _dump(self, ns: Optional[str], verify: bool = False) -> Set[str]:
         """Folds a fresh dump of namespace ns into new state for its tenants; the tenants whose
         entries it changed. With `verify`, a change is a drift: said as a warning."""
-        from .shadow import _Fold, _scan
         with self.shadow._lock:
             places = {n: p for n, (p, _) in self.shadow._tenant_places().items() if p.ns == ns}
         try:
-            scan = _scan(ns, routes=True)
+            scan = dump_ns(ns, routes=True)
         except OSError as e:
             log.warning("shadow %s: cannot read %s: %s", self.shadow.tag, ns, e.strerror or e)
-            self._folds.pop(ns, None)                # learned() says so: the callback read()s
+            self._folds.pop(ns, None)   # learned() says so (the callback read()s); its next event retries
             return set(places)
+        had = ns in self._folds
         old = self._folds.get(ns, {})
-        new = {n: _Fold(scan, p, self.shadow.tag).fill(scan) for n, p in places.items()}
+        new = {n: Fold(scan, p, self.shadow.tag).fill(scan) for n, p in places.items()}
         self._folds[ns] = new
         changed = {n for n, f in new.items() if n not in old or old[n].learned() != f.learned()}
         changed |= set(old) - set(new)
-        if verify and changed:
+        if verify and had and changed:
             self.drifts += 1
             log.warning("shadow %s: what the netlink events built for %s differs from the kernel's; corrected "
                         "from a dump", self.shadow.tag, ", ".join(sorted(changed)))
         return changed
 
-    def _verify(self) -> None:
+    def _verify(self, flaps: Set[Tuple[str, Optional[int]]]) -> None:
+        """Each namespace's events read to now, then dumped and compared with what they built."""
         self._next_verify = time.monotonic() + VERIFY_S
         for ns in list(self._socks):
-            if ns not in self._rescan:
+            self._read(ns, flaps)
+            if ns in self._socks and ns not in self._rescan:
                 self.debouncer.add(self._dump(ns, verify=True))
 
     # -- the loop
@@ -256,15 +261,15 @@ class Watcher:
                         pass
                 else:
                     self._read(socks[fd], flaps)
+            if time.monotonic() >= self._next_verify:
+                self._verify(flaps)
             for tenant, vni in sorted(flaps, key=str):
                 self._resignal(tenant, vni)
-            if time.monotonic() >= self._next_verify:
-                self._verify()
             if self.debouncer.due_in() == 0.0:
-                for ns in sorted(self._rescan, key=str):
+                rescan, self._rescan = self._rescan, set()
+                for ns in sorted(rescan, key=str):
                     if ns in self._socks:
                         self._dump(ns)
-                self._rescan.clear()
                 tenants = self.debouncer.take()
                 self.batch_since = self.debouncer.taken_since
                 self.callbacks += 1
@@ -286,10 +291,14 @@ class Watcher:
             self._rescan.add(ns)                 # some were lost: dumped again
             self.debouncer.add(names)
             return
-        folds = self._folds.get(ns, {})
+        folds = self._folds.get(ns)
         for m in msgs:
             event = m.get("event")
             if event in ("RTM_NEWNEIGH", "RTM_DELNEIGH", "RTM_NEWROUTE", "RTM_DELROUTE"):
+                if folds is None:                # its dump failed: a change there dumps it again
+                    self._rescan.add(ns)
+                    self.debouncer.add(names)
+                    continue
                 for name, fold in folds.items():
                     if fold.message(m):
                         self.debouncer.add((name,))
