@@ -31,6 +31,7 @@ def pytest_configure(config):
     _prepare_system()
 
 
+@pytest.hookimpl(trylast=True)        # under the durations table: the line above pytest's summary
 def pytest_terminal_summary(terminalreporter):
     for line in _NOTES:
         terminalreporter.write_line(line, yellow=True)
