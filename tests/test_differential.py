@@ -33,7 +33,7 @@ from helpers.differential import (  # noqa: E402
 # Tests
 
 
-EXAMPLES = int(os.environ.get("DPU_DIFF_EXAMPLES", "600"))
+EXAMPLES = int(os.environ.get("DPU_DIFF_EXAMPLES", "400"))
 
 
 @settings(max_examples=EXAMPLES, **SETTINGS)
