@@ -29,6 +29,7 @@ from dpu.fabric import underlay
 from dpu.fabric.frr import FRR_TMP, ManagedFrr, Peer, render
 from dpu.fabric.shadow import (Learned, Shadow, ShadowPort, ShadowSubnet, ShadowTenant, kernel_vrfs_available,
                                validate)
+from dpu.fabric import watch as watch_mod
 from dpu.fabric.watch import Debouncer
 from netns import Capture, ip, nsexec, sh, socket_in
 
@@ -503,7 +504,7 @@ def test_watch_coalesces_a_burst_of_1000_changes(fabric):
                        input="".join(f"fdb del {m} dev e100 master static\n" for m in macs))
 
 
-def test_the_watch_keeps_what_read_returns_from_its_events(fabric):
+def test_the_watch_keeps_what_read_returns_from_its_events(fabric, monkeypatch):
     """What the watch builds from netlink events alone (Shadow.watched(), no dump) equals a
     fresh read() after every kind of change: MAC and MAC+IP routes added and withdrawn on the
     Linux VTEP, a VXLAN device flapping here (dumped again), FRR stopped (zebra flushes every
@@ -540,7 +541,8 @@ def test_the_watch_keeps_what_read_returns_from_its_events(fabric):
         # is no MAC+IP route (read() dumps IPv4); a router MAC's FDB entry moved to another
         # VTEP is one entry, not two; a kernel route that replaces zebra's route clears it.
         l3 = BASE[0].l3vni
-        rmac, vteps, prefix = "02:ee:04:00:00:01", ("198.51.100.77", "198.51.100.78"), "10.99.0.0/24"
+        rmac, rmac2 = "02:ee:04:00:00:01", "02:ee:04:00:00:02"
+        vteps, prefix = ("198.51.100.77", "198.51.100.78"), "10.99.0.0/24"
         v6 = "net.ipv6.conf.br100.disable_ipv6"
         try:
             nsexec(dpu_ns, "sysctl", "-qw", f"{v6}=0")       # the shadow has IPv6 off on its devices
@@ -552,16 +554,25 @@ def test_the_watch_keeps_what_read_returns_from_its_events(fabric):
                                     30, 0.05)
                 caught_up(f"a router MAC's FDB entry {verb}d")
             assert vteps[0] not in snaps[-1]["red"].rmacs
+            # two router MACs at one VTEP: the lowest, whatever order the kernel lists them in
+            sh("bridge", "-n", dpu_ns, "fdb", "add", rmac2, "dev", f"vx{l3}", "dst", vteps[1], "self", "extern_learn")
+            caught_up("a second router MAC at the VTEP")
+            assert snaps[-1]["red"].rmacs[vteps[1]] == rmac < rmac2
             assert not any(ip_ == "fd00:99::5" for _, ip_ in snaps[-1]["red"].neighs)
             ip(dpu_ns, "route", "add", prefix, "via", vteps[1], "dev", f"br{l3}", "onlink", "proto", "bgp",
                "metric", "20")
             evpn_lab.wait_until("the route", lambda: snaps and snaps[-1]["red"].routes.get(prefix) == vteps[1], 30, 0.05)
+            ip(dpu_ns, "route", "add", prefix, "dev", f"br{l3}", "metric", "30")   # another metric: another route
+            caught_up("a kernel route beside zebra's")
+            assert snaps[-1]["red"].routes.get(prefix) == vteps[1]
+            ip(dpu_ns, "route", "del", prefix, "metric", "30")
             ip(dpu_ns, "route", "replace", prefix, "dev", f"br{l3}", "metric", "20")
             evpn_lab.wait_until("the route replaced", lambda: snaps and prefix not in snaps[-1]["red"].routes, 30, 0.05)
             caught_up("zebra's route replaced by a kernel route")
         finally:
             subprocess.run(["ip", "-n", dpu_ns, "route", "del", prefix, "metric", "20"], capture_output=True)
-            subprocess.run(["bridge", "-n", dpu_ns, "fdb", "del", rmac, "dev", f"vx{l3}", "self"], capture_output=True)
+            for m in (rmac, rmac2):
+                subprocess.run(["bridge", "-n", dpu_ns, "fdb", "del", m, "dev", f"vx{l3}", "self"], capture_output=True)
             subprocess.run(["ip", "-n", dpu_ns, "-6", "neigh", "del", "fd00:99::5", "dev", "br100"], capture_output=True)
             nsexec(dpu_ns, "sysctl", "-qw", f"{v6}=1")
         caught_up("the entries written by hand removed")
@@ -579,11 +590,28 @@ def test_the_watch_keeps_what_read_returns_from_its_events(fabric):
         fab.shadow.resignal()
         evpn_lab.wait_until("everything installed again", lambda: snaps and snaps[-1] == want, 90, 0.05)
         caught_up("FRR started again")
+        # The once-a-minute check, made to run now, with a MAC installed while it runs (after
+        # the events were read, before the dump): the dump has it, the events that built the
+        # state not yet; folded into both, it is no drift.
+        late = "02:ee:03:00:00:77"
+        real_dump = watch_mod.dump_ns
+
+        def dump_during_a_change(ns, *args, **kw):
+            if ns == dpu_ns:
+                subprocess.run(["bridge", "-n", dpu_ns, "fdb", "replace", late, "dev", "vx100", "dst", vteps[0],
+                                "self", "extern_learn"], check=False)
+            return real_dump(ns, *args, **kw)
+        monkeypatch.setattr(watch_mod, "dump_ns", dump_during_a_change)
         drifts, verify_at = watcher.drifts, watcher._next_verify
-        watcher._next_verify = 0.0                   # the once-a-minute check, now
+        watcher._next_verify = 0.0
         watcher._wake()
         evpn_lab.wait_until("the check against a dump", lambda: watcher._next_verify > verify_at, 30, 0.05)
+        monkeypatch.setattr(watch_mod, "dump_ns", real_dump)
         assert watcher.drifts == drifts == 0
+        caught_up("a MAC installed during the check")
+        assert snaps[-1]["red"].macs.get((100, late)) == vteps[0]
+        sh("bridge", "-n", dpu_ns, "fdb", "del", late, "dev", "vx100", "self")
+        caught_up("that MAC removed")
     finally:
         fab.shadow.stop()
         ip(dpu_ns, "link", "set", "vx100", "up")

@@ -203,27 +203,25 @@ class Fold:
         return False
 
     def _rmac(self, vtep: str) -> Optional[str]:
-        """The router MAC of a VTEP: its neighbour's, else the last FDB entry naming it."""
+        """The router MAC of a VTEP: its neighbour's, else the lowest of the FDB entries naming
+        it (the lowest, not the last: a dump and a stream of events list them in different orders)."""
         mac = self._rmac_neigh.get(vtep)
         if mac is None:
-            for m, dst in self._rmac_fdb.items():
-                if dst == vtep:
-                    mac = m
+            mac = min((m for m, dst in self._rmac_fdb.items() if dst == vtep), default=None)
         return mac
 
     def route(self, r, present: bool) -> bool:
-        """A route in the tenant's table: zebra's (`proto bgp`) host and prefix routes (ECMP: the
-        lowest VTEP). Another route over the same prefix and metric replaced zebra's: it clears it."""
+        """A route in the tenant's table: zebra's (`proto bgp`) host and prefix routes on the
+        tenant's devices (ECMP: the lowest VTEP). Any other route over the same prefix and metric
+        (another protocol's, or one out of a device not the tenant's) replaced zebra's: it clears it."""
         table = r.get_attr("RTA_TABLE") or r["table"]
         if table != self.table:
             return False
         oif = r.get_attr("RTA_OIF")
-        if oif is not None and oif not in self.mine:
-            return False
         prefix = f"{r.get_attr('RTA_DST') or '0.0.0.0'}/{r['dst_len']}"
         metric = r.get_attr("RTA_PRIORITY") or 0
         gateway = None
-        if present and r["proto"] == nl.RTPROT_BGP:
+        if present and r["proto"] == nl.RTPROT_BGP and (oif is None or oif in self.mine):
             hops = [h.get_attr("RTA_GATEWAY") for h in r.get_attr("RTA_MULTIPATH") or ()] or [r.get_attr("RTA_GATEWAY")]
             gateway = min((g for g in hops if g), key=ipaddress.ip_address, default=None)
         by_metric = self._routes.setdefault(prefix, {})
@@ -239,8 +237,7 @@ class Fold:
         """A copy of what is folded so far (the router MACs of both sources merged: the
         neighbour's wins), safe to hand to another thread."""
         o = self.out
-        rmacs = {dst: mac for mac, dst in self._rmac_fdb.items()}
-        rmacs.update(self._rmac_neigh)
+        rmacs = {vtep: self._rmac(vtep) for vtep in set(self._rmac_fdb.values()) | set(self._rmac_neigh)}
         return Learned(macs=dict(o.macs), flood={v: set(d) for v, d in o.flood.items()}, neighs=dict(o.neighs),
                        rmacs=rmacs, routes=dict(o.routes))
 

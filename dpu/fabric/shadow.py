@@ -677,8 +677,14 @@ class Shadow:
         with self._lock:
             if self._watcher is not None:
                 raise InvalidArgumentError(f"shadow {self.tag} is already being watched (stop() first)")
-            self._watcher = Watcher(self, on_change, debounce_s, max_delay_s)
-            self._watcher.start()
+            w = self._watcher = Watcher(self, on_change, debounce_s, max_delay_s)
+        try:
+            w.start()   # it dumps every tenant's namespace: not under the lock apply() takes
+        except BaseException:
+            with self._lock:
+                if self._watcher is w:
+                    self._watcher = None
+            raise
 
     def watched(self) -> Optional[Dict[str, Learned]]:
         """In a watch callback: what every tenant learned, as the watch's events built it (what

@@ -203,9 +203,11 @@ class Watcher:
                 log.warning("shadow %s: cannot list the links of %s: %s", self.shadow.tag, ns, e.strerror or e)
             self._dump(ns)
 
-    def _dump(self, ns: Optional[str], verify: bool = False) -> Set[str]:
+    def _dump(self, ns: Optional[str], verify: Optional[Set[Tuple[str, Optional[int]]]] = None) -> Set[str]:
         """Folds a fresh dump of namespace ns into new state for its tenants; the tenants whose
-        entries it changed. With `verify`, a change is a drift: said as a warning."""
+        entries it changed. With `verify` (the loop's flaps), a change is a drift, said as a
+        warning: the events that came while the dump ran are first folded into both states,
+        so a change made during the dump is no drift."""
         with self.shadow._lock:
             places = {n: p for n, (p, _) in self.shadow._tenant_places().items() if p.ns == ns}
         try:
@@ -217,22 +219,27 @@ class Watcher:
         had = ns in self._folds
         old = self._folds.get(ns, {})
         new = {n: Fold(scan, p, self.shadow.tag).fill(scan) for n, p in places.items()}
+        if verify is not None and had:
+            self._read(ns, verify, also=new)
+            if ns in self._rescan:          # it overran: what the events built is not comparable
+                verify = None
         self._folds[ns] = new
         changed = {n for n, f in new.items() if n not in old or old[n].learned() != f.learned()}
         changed |= set(old) - set(new)
-        if verify and had and changed:
+        if verify is not None and had and changed:
             self.drifts += 1
             log.warning("shadow %s: what the netlink events built for %s differs from the kernel's; corrected "
                         "from a dump", self.shadow.tag, ", ".join(sorted(changed)))
         return changed
 
     def _verify(self, flaps: Set[Tuple[str, Optional[int]]]) -> None:
-        """Each namespace's events read to now, then dumped and compared with what they built."""
-        self._next_verify = time.monotonic() + VERIFY_S
+        """Each namespace's events read to now, then dumped and compared with what they built.
+        The next check is due VERIFY_S after this one ended."""
         for ns in list(self._socks):
             self._read(ns, flaps)
             if ns in self._socks and ns not in self._rescan:
-                self.debouncer.add(self._dump(ns, verify=True))
+                self.debouncer.add(self._dump(ns, verify=flaps))
+        self._next_verify = time.monotonic() + VERIFY_S
 
     # -- the loop
 
@@ -279,7 +286,10 @@ class Watcher:
                     log.exception("shadow %s: the on_change callback failed", self.shadow.tag)
         self._close()
 
-    def _read(self, ns: Optional[str], flaps: Set[Tuple[str, Optional[int]]]) -> None:
+    def _read(self, ns: Optional[str], flaps: Set[Tuple[str, Optional[int]]],
+              also: Optional[Dict[str, Fold]] = None) -> None:
+        """Folds the namespace's pending events into its tenants' state (and into `also`, a
+        fresh dump's, when verifying)."""
         sock, names = self._socks[ns]
         try:
             msgs = sock.events()
@@ -302,6 +312,8 @@ class Watcher:
                 for name, fold in folds.items():
                     if fold.message(m):
                         self.debouncer.add((name,))
+                for fold in (also or {}).values():
+                    fold.message(m)
             elif event in ("RTM_NEWLINK", "RTM_DELLINK"):
                 kind = nl.link_kind(m)
                 if kind in ("vxlan", "bridge"):
