@@ -49,8 +49,11 @@ Megaflow* Dpcls::insert(const Flow& key, const Flow& wc, XlateOut&& x) {
   mf->acts = mf->actions.data();
   mf->n_acts = static_cast<uint32_t>(mf->actions.size());
   mf->ct_resume = mf->n_acts == 1 && mf->acts[0].type == Dp::CT && mf->acts[0].ct->recirc_id != 0;
-  for (const DpAction& a : mf->actions)  // nested lists (clone) lie inline
+  for (const DpAction& a : mf->actions) {  // nested lists (clone) lie inline
     mf->recirculates |= a.type == Dp::CT || a.type == Dp::TNL_POP;
+    if (!mf->side && (a.type == Dp::TNL_PUSH || a.type == Dp::TNL_POP)) mf->side = a.tnl;
+    if (!mf->side && a.type == Dp::CT) mf->side = a.ct;
+  }
   Megaflow* raw = mf.get();
   for (const XcacheEntry& e : raw->xcache) {
     if (e.kind == XcacheEntry::GROUP) raw->uses_groups = true;

@@ -83,6 +83,10 @@ struct alignas(64) Megaflow {
   // Revalidation took it out of the cache: an EMC entry or a hint that still
   // names it answers nothing (the worker looks the packet up again).
   bool dead = false;
+  // What the first action that reads out of line (a tunnel header, a
+  // conntrack spec) reads there, or null: the worker prefetches it with the
+  // actions (Worker::pass), a line the packet's action would otherwise wait for.
+  const void* side = nullptr;
   // the rest: lookup key, ownership, stats push
   uint64_t key[kKeyWords];   // masked
   const Subtable* st = nullptr;
