@@ -24,6 +24,10 @@ ROOT = os.path.dirname(HERE)
 
 PRELUDE = """
 import json, os, signal, sys, time
+# The signals' default dispositions, whatever the runner passed down (under nohup SIGHUP comes
+# ignored, and cleanup rightly leaves an ignored signal alone); the nohup test ignores it itself.
+for _sig in (signal.SIGHUP, signal.SIGTERM):
+    signal.signal(_sig, signal.SIG_DFL)
 from dpu import cleanup
 from helpers.wait import wait_for
 def ready(**info):
