@@ -42,6 +42,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -94,6 +95,14 @@ struct alignas(64) Megaflow {
   uint32_t index = 0;        // in st->flows
   DpActions actions;
   TnlHeaders tnl_hdrs;
+  // What a packet reads, in one block of whole lines: a copy of the actions,
+  // then of each tunnel header they name (the copies' `tnl` point into it).
+  // `acts` is its start. `actions` and `tnl_hdrs` stay the megaflow's own
+  // description (formatting, revalidation); the copies are never written.
+  struct FreeBlock {
+    void operator()(void* b) const { std::free(b); }
+  };
+  std::unique_ptr<void, FreeBlock> hot;
   CtSpecs ct_specs;
   std::vector<XcacheEntry> xcache;
   uint64_t pushed_packets = 0, pushed_bytes = 0;  // already credited to rules
