@@ -217,13 +217,12 @@ inline void ClassifyStage::lookup(StageEnv& env, Packet** pkts, uint32_t n, bool
   uint8_t miss[kChunk];
   uint32_t n_miss = 0;
   uint64_t t0 = env.profile ? stage_cycles() : 0, t1;
-  Flow* keys = sb.keys;
-  Megaflow** mfs = sb.mfs;
-  uint32_t* hashes = sb.hashes;
-  uint32_t* slots = sb.slots;
+  // (sb's arrays named as sb.x, not through local pointers: inlined into the
+  // worker's pass, where sb is a local, they are frame-relative addresses, and
+  // pointers to them were kept on the stack and reloaded in every loop.)
 
-  if (__builtin_expect(fast_tunnel_ && !env.view.terms.empty(), 0)) n = parse<true>(env, pkts, n, keys, sb.pkts, first);
-  else n = parse<false>(env, pkts, n, keys, sb.pkts, first);
+  if (__builtin_expect(fast_tunnel_ && !env.view.terms.empty(), 0)) n = parse<true>(env, pkts, n, sb.keys, sb.pkts, first);
+  else n = parse<false>(env, pkts, n, sb.keys, sb.pkts, first);
   sb.n = n;
   pkts = sb.pkts;
   // A packet back from conntrack tries the megaflow that followed its lone
@@ -238,22 +237,22 @@ inline void ClassifyStage::lookup(StageEnv& env, Packet** pkts, uint32_t n, bool
   const bool use_emc = !emc_bypass_ || (next_random() >> 32) % kEmcProbeEvery == 0;
   sb.use_emc = use_emc;
   for (uint32_t i = 0; i < n; i++) {
-    slots[i] = SubBatch::kNoSlot;
-    mfs[i] = nullptr;
+    sb.slots[i] = SubBatch::kNoSlot;
+    sb.mfs[i] = nullptr;
     const Packet* p = pkts[i];
     if (p->md.ct_state && p->ct.after) {
       Megaflow* next = static_cast<const Megaflow*>(p->ct.after)->after_ct;
-      if (next && !next->dead && megaflow_matches(*next, words(keys[i]))) {
-        mfs[i] = next;
+      if (next && !next->dead && megaflow_matches(*next, words(sb.keys[i]))) {
+        sb.mfs[i] = next;
         __builtin_prefetch(next);
         n_hinted++;
         continue;
       }
     }
     if (use_emc) {  // (bypassed, the EMC needs a hash only for the rare insert)
-      common[i] = Emc::common(words(keys[i]));
-      hashes[i] = Emc::hash(keys[i], common[i]);
-      emc_.prefetch(hashes[i], common[i]);
+      common[i] = Emc::common(words(sb.keys[i]));
+      sb.hashes[i] = Emc::hash(sb.keys[i], common[i]);
+      emc_.prefetch(sb.hashes[i], common[i]);
     }
     look[n_look++] = static_cast<uint8_t>(i);
   }
@@ -271,9 +270,9 @@ inline void ClassifyStage::lookup(StageEnv& env, Packet** pkts, uint32_t n, bool
   uint8_t second[kChunk], cands[kChunk];
   uint32_t n_second = 0;
   auto hit = [&](uint32_t i, Megaflow* mf) {
-    mfs[i] = mf;
+    sb.mfs[i] = mf;
     __builtin_prefetch(mf);
-    sb.stamps[i] = emc_.stamp(slots[i]);
+    sb.stamps[i] = emc_.stamp(sb.slots[i]);
   };
   if (!use_emc) {
     std::memcpy(miss, look, n_look);
@@ -283,16 +282,16 @@ inline void ClassifyStage::lookup(StageEnv& env, Packet** pkts, uint32_t n, bool
   }
   for (uint32_t k = 0; k < n_look; k++) {
     const uint32_t i = look[k];
-    if (Megaflow* mf = emc_.lookup_first(keys[i], hashes[i], common[i], &slots[i])) {
+    if (Megaflow* mf = emc_.lookup_first(sb.keys[i], sb.hashes[i], common[i], &sb.slots[i])) {
       hit(i, mf);
     } else {
-      cands[n_second] = static_cast<uint8_t>(emc_.second_candidates(hashes[i], common[i]));
+      cands[n_second] = static_cast<uint8_t>(emc_.second_candidates(sb.hashes[i], common[i]));
       second[n_second++] = static_cast<uint8_t>(i);
     }
   }
   for (uint32_t k = 0; k < n_second; k++) {
     uint32_t i = second[k];
-    if (Megaflow* mf = emc_.lookup_second(keys[i], hashes[i], common[i], cands[k], &slots[i])) hit(i, mf);
+    if (Megaflow* mf = emc_.lookup_second(sb.keys[i], sb.hashes[i], common[i], cands[k], &sb.slots[i])) hit(i, mf);
     else miss[n_miss++] = static_cast<uint8_t>(i);
   }
   if (use_emc) {
@@ -315,16 +314,16 @@ inline void ClassifyStage::lookup(StageEnv& env, Packet** pkts, uint32_t n, bool
 
   sb.n_up = 0;
   uint32_t probes = 0;
-  dpcls_.lookup_batch<kChunk>(keys, miss, n_miss, mfs, &probes);
+  dpcls_.lookup_batch<kChunk>(sb.keys, miss, n_miss, sb.mfs, &probes);
   counters_.subtable_probes += probes;
   for (uint32_t k = 0; k < n_miss; k++) {
     uint32_t i = miss[k];
-    if (Megaflow* mf = mfs[i]) {
+    if (Megaflow* mf = sb.mfs[i]) {
       counters_.megaflow_hits++;
       // A packet whose next pass after conntrack will be cached leaves the
       // EMC to the keys that still need it.
       if (next_random() % emc_inv_prob_ == 0 && !(pkts[i]->md.ct_state && pkts[i]->ct.resume))
-        emc_.insert(keys[i], use_emc ? hashes[i] : Emc::hash(keys[i]), mf, !emc_bypass_);
+        emc_.insert(sb.keys[i], use_emc ? sb.hashes[i] : Emc::hash(sb.keys[i]), mf, !emc_bypass_);
     } else {
       sb.up[sb.n_up++] = static_cast<uint8_t>(i);
     }
