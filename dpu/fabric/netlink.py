@@ -52,6 +52,7 @@ RTM_NEWNEIGH, RTM_DELNEIGH, RTM_GETNEIGH = 28, 29, 30
 RTMGRP_LINK, RTMGRP_NEIGH, RTMGRP_IPV4_ROUTE = 0x1, 0x4, 0x40
 NDA_DST, NDA_LLADDR, NDA_MASTER = 1, 2, 9
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_MULTIPATH, RTA_TABLE = 1, 4, 5, 6, 9, 15
+_ROUTE_U32 = {RTA_OIF: "RTA_OIF", RTA_PRIORITY: "RTA_PRIORITY", RTA_TABLE: "RTA_TABLE"}   # u32 route attributes
 NTF_SELF, NTF_MASTER, NTF_EXT_LEARNED = 0x02, 0x04, 0x10
 NUD_REACHABLE, NUD_FAILED, NUD_NOARP, NUD_PERMANENT = 0x02, 0x20, 0x40, 0x80
 RTPROT_BGP = 186
@@ -297,9 +298,8 @@ def _route(kind: int, flags: int, seq: int, body: bytes) -> _Msg:
     for a, payload in _attrs(body, 12):
         if a in (RTA_DST, RTA_GATEWAY):
             attrs["RTA_DST" if a == RTA_DST else "RTA_GATEWAY"] = _addr(payload)
-        elif a in (RTA_OIF, RTA_TABLE, RTA_PRIORITY):
-            name = {RTA_OIF: "RTA_OIF", RTA_TABLE: "RTA_TABLE", RTA_PRIORITY: "RTA_PRIORITY"}[a]
-            attrs[name] = struct.unpack_from("=I", payload)[0]
+        elif a in _ROUTE_U32:
+            attrs[_ROUTE_U32[a]] = struct.unpack_from("=I", payload)[0]
         elif a == RTA_MULTIPATH:
             hops, off = [], 0
             while off + 8 <= len(payload):             # struct rtnexthop, then its attributes
