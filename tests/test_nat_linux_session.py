@@ -12,6 +12,7 @@ import hashlib
 import os
 import socket
 import threading
+import time
 
 import pytest
 from scapy.all import IP, TCP, Ether, rdpcap, wrpcap
@@ -67,6 +68,13 @@ def run_session(pair: netns.HostPair) -> None:
     assert got["up"] == UP and got["down"] == DOWN  # the real session itself worked
 
 
+def closed(frames) -> bool:
+    """Both FINs captured, and a segment after the second (its ACK)."""
+    flags = [Ether(f)[TCP].flags for f in frames]
+    fins = [i for i, fl in enumerate(flags) if fl & 0x01]
+    return len(fins) >= 2 and len(flags) > fins[1] + 1
+
+
 @pytest.fixture(scope="module")
 def session(tmp_path_factory, netns_ok):
     """The session as dpu's ports would have seen it: (vm1 frames, inet frames),
@@ -75,8 +83,13 @@ def session(tmp_path_factory, netns_ok):
         pytest.skip("tcpdump is not installed (apt-get install tcpdump; CI installs it)")
     d = tmp_path_factory.mktemp("session")
     with netns.HostPair(VM1_IP, SERVER_IP, CLIENT_MAC, SERVER_MAC) as pair:
-        with netns.Capture(pair.a, "veth-a", d / "wire.pcap", bpf="tcp"):
+        with netns.Capture(pair.a, "veth-a", d / "wire.pcap", bpf="tcp") as cap:
             run_session(pair)
+            # The sockets are closed when the last ACK is sent, not when tcpdump has read
+            # it: on a loaded machine stopping at once lost the closing segments.
+            deadline = time.monotonic() + 10
+            while not closed(cap.frames()) and time.monotonic() < deadline:
+                time.sleep(0.02)
         wire = rdpcap(str(d / "wire.pcap"))
     assert len(wire) > 20
     to_vm1, to_inet = [], []
@@ -105,7 +118,7 @@ def stream(pkts, src):
     for p in pkts:
         if p[IP].src == src and len(p[TCP].payload):
             segs[p[TCP].seq] = bytes(p[TCP].payload)
-    out, isn = bytearray(), None
+    out = bytearray()
     syn = [p for p in pkts if p[IP].src == src and p[TCP].flags & 0x02]
     nxt = syn[0][TCP].seq + 1
     while nxt in segs:
