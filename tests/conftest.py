@@ -150,3 +150,19 @@ def run_python():
         assert r.returncode == 0, f"exit status {r.returncode}: {r.stderr[-2000:]}"
         return r.stdout
     return run
+
+
+@pytest.fixture(scope="session")
+def ovs():
+    """One Open vSwitch (ovs_oracle.OvsOracle) with ports p1..p4 for the session,
+    or a skip that says what is missing."""
+    from ovs_oracle import OvsOracle, missing_reason
+
+    why = missing_reason()
+    if why:
+        pytest.skip(why)
+    o = OvsOracle(["p1", "p2", "p3", "p4"]).start()
+    try:
+        yield o
+    finally:
+        o.stop()

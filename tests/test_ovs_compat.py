@@ -38,7 +38,7 @@ from scapy.all import (  # noqa: E402
 from scapy.layers.ipsec import AH  # noqa: E402
 
 from dpu import Dataplane  # noqa: E402
-from ovs_oracle import OvsOracle, missing_reason  # noqa: E402
+from ovs_oracle import OvsOracle  # noqa: E402
 
 PORTS = ["p1", "p2", "p3", "p4"]
 
@@ -47,18 +47,6 @@ Outputs = Dict[str, List[bytes]]  # port -> frames it sent, in order
 
 # --------------------------------------------------------------------------------------
 # The two sides
-
-
-@pytest.fixture(scope="session")
-def ovs():
-    why = missing_reason()
-    if why:
-        pytest.skip(why)
-    o = OvsOracle(PORTS).start()
-    try:
-        yield o
-    finally:
-        o.stop()
 
 
 def dpu_run(flows: Sequence[str], groups: Sequence[str], packets: Sequence[Tuple[str, bytes]],

@@ -8,7 +8,21 @@
 // probed contributes its mask to the caller's wildcards: a packet that differs
 // in any of those bits could have found a different rule, so the megaflow
 // derived from the walk must match them exactly (OVS classifier.h's
-// un-wildcarding, without staged lookup or prefix tries).
+// un-wildcarding; its prefix tries are not done).
+//
+// Staged lookup (as OVS's): a subtable's mask falls into up to four stages,
+// metadata (datapath metadata, conntrack, pipeline state), L2, L3 (addresses,
+// protocol, TOS, TTL, fragment bits, ARP hardware addresses, TCP flags) and L4
+// (ports, ICMP type and code). Each stage that has bits, except the last,
+// has an index: the hashes of the rules' values under the mask up to and
+// including that stage. A lookup checks them in order, and a flow whose
+// stage hash no rule has is no match there, having looked at that stage and
+// the ones before it only: only their bits join the wildcards. A packet of
+// another tenant's tables thus does not pull a gateway's ICMP type into its
+// megaflow, which would split one megaflow into 256 by the ports' low byte.
+// An index counts every rule stored, whatever its versions: a rule not
+// visible at a reader's version can only make a stage pass that could have
+// missed (more bits in the megaflow, never fewer), as can a hash collision.
 //
 // Ties between equal-priority overlapping rules go to the rule committed first
 // (lowest Rule::seq); a rule that replaces an identical match+priority keeps the
@@ -107,9 +121,35 @@ class Classifier {
     std::unique_ptr<std::atomic<const RuleList*>[]> at;
     explicit Slots(size_t n);
   };
+  // A stage's share of a subtable's mask: the words it has bits in and
+  // those bits.
+  struct StageWords {
+    uint8_t n = 0;
+    uint8_t idx[kFlowWords] = {};
+    uint64_t bits[kFlowWords] = {};
+  };
+  // One stage's index: stage hash -> rules stored with it (open addressing,
+  // linear probing; an entry keeps its hash once given one, its count may
+  // fall to 0). Entry: hash << 32 | count, 0 when empty. Rebuilt larger
+  // (and without zero counts) when half the entries have a hash; the old
+  // one is retired.
+  struct StageIndex {
+    size_t mask = 0;  // size - 1
+    size_t used = 0;  // entries with a hash (writer)
+    std::unique_ptr<std::atomic<uint64_t>[]> at;
+    explicit StageIndex(size_t n);
+    bool has(uint32_t h) const;
+  };
+  static constexpr int kStages = 4;
   struct Subtable {
     Flow mask{};
     std::atomic<const Slots*> slots{nullptr};
+    // Staged lookup: stage[k] and index[k] for k < n_indices; upto[k] is the
+    // mask's bits in stages 0..k, what a miss at index k un-wildcards.
+    uint8_t n_indices = 0;
+    StageWords stage[kStages - 1];
+    Flow upto[kStages - 1]{};
+    std::atomic<const StageIndex*> index[kStages - 1] = {};
     // writer
     std::unordered_map<uint16_t, uint32_t> priorities;  // priority -> rules stored
     int max_priority = -1;  // over every stored rule, whatever its versions
@@ -126,6 +166,11 @@ class Classifier {
   static bool live(const RuleList* l) { return l != nullptr && l != tombstone(); }
   static size_t find_slot(const Slots& s, uint32_t h, const Flow& key);  // index of key's list, or ~0
   static uint32_t hash_of(const Flow& masked);
+  static void init_stages(Subtable& st);
+  // The stage hashes of `f` under st's mask (n_indices of them).
+  static void stage_hashes(const Subtable& st, const Flow& f, uint32_t* out);
+  // A stored rule's value joins (+1) or leaves (-1) st's stage indexes.
+  static void count_stages(Subtable& st, const Flow& value, int delta, Rcu& rcu);
   void set_list(Subtable* st, const Flow& key, uint32_t h, const RuleList* l, Rcu& rcu);
   void publish_order(Rcu& rcu);
 
