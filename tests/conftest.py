@@ -9,6 +9,7 @@ with one line saying what to install or rebuild: the tests that need it skip wit
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,15 @@ ROOT = os.path.dirname(HERE)
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 _NOTES = []  # lines for the end of the run
+
+# A shell without job control starts a command run with & with SIGINT and SIGQUIT ignored, and
+# the children the tests start (and signal) would inherit that: a Python child then installs no
+# KeyboardInterrupt handler and dpu's cleanup rightly leaves an ignored signal alone. The suite
+# takes them back (an interrupt of the run itself is then a KeyboardInterrupt, as pytest expects).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def pytest_configure(config):

@@ -24,10 +24,6 @@ ROOT = os.path.dirname(HERE)
 
 PRELUDE = """
 import json, os, signal, sys, time
-# The signals' default dispositions, whatever the runner passed down (under nohup SIGHUP comes
-# ignored, and cleanup rightly leaves an ignored signal alone); the nohup test ignores it itself.
-for _sig in (signal.SIGHUP, signal.SIGTERM):
-    signal.signal(_sig, signal.SIG_DFL)
 from dpu import cleanup
 from helpers.wait import wait_for
 def ready(**info):
@@ -56,10 +52,19 @@ def _no_child_left():
                 p.communicate()
 
 
+def _default_signals() -> None:
+    """The child starts with the signals' default dispositions, whatever the runner passed
+    down: under nohup SIGHUP comes ignored, and a shell without job control starts a command
+    run with & with SIGINT ignored (Python then installs no KeyboardInterrupt handler);
+    cleanup rightly leaves an ignored signal alone. The tests of that ignore it themselves."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def spawn(code: str, argv=None, **env) -> subprocess.Popen:
     """A child interpreter running PRELUDE + code (or argv), this checkout importable."""
     p = subprocess.Popen(argv or [sys.executable, "-c", PRELUDE + code], cwd=ROOT, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=child_env(**env))
+                         stderr=subprocess.PIPE, text=True, env=child_env(**env), preexec_fn=_default_signals)
     _children.append(p)
     return p
 
