@@ -37,6 +37,7 @@ constexpr StageRange kStageRanges[] = {
     {offsetof(Flow, nw_proto), offsetof(Flow, ct_label), kStL3},
     {offsetof(Flow, ct_label), sizeof(Flow), kStMeta},
 };
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "stage_bits: byte k of a word is its bits 8k..8k+7");
 static_assert(offsetof(Flow, tp_dst) + 2 == offsetof(Flow, nw_proto) && offsetof(Flow, tcp_flags) < offsetof(Flow, ct_label),
               "the L4 stage is tp_src and tp_dst, and L3 runs on to the conntrack words");
 
@@ -56,6 +57,8 @@ uint64_t chain(uint64_t h, const word_t* w, uint8_t n, const uint8_t* idx, const
 }
 // Never 0, so that an entry with a hash is never 0 (empty) whatever its count.
 uint32_t fold(uint64_t h) { return static_cast<uint32_t>(h ^ (h >> 32)) | 1u; }
+// A folded hash's first slot: its bits above the one fold() sets.
+size_t home(uint32_t h, size_t mask) { return (h >> 1) & mask; }
 }  // namespace
 
 Classifier::StageIndex::StageIndex(size_t n) : mask(n - 1), at(new std::atomic<uint64_t>[n]) {
@@ -63,7 +66,7 @@ Classifier::StageIndex::StageIndex(size_t n) : mask(n - 1), at(new std::atomic<u
 }
 
 bool Classifier::StageIndex::has(uint32_t h) const {
-  for (size_t pos = h & mask;; pos = (pos + 1) & mask) {
+  for (size_t pos = home(h, mask);; pos = (pos + 1) & mask) {
     const uint64_t e = at[pos].load(std::memory_order_acquire);
     if (!e) return false;
     if (static_cast<uint32_t>(e >> 32) == h) return static_cast<uint32_t>(e) != 0;
@@ -109,7 +112,7 @@ void Classifier::count_stages(Subtable& st, const Flow& value, int delta, Rcu& r
   for (uint8_t k = 0; k < st.n_indices; k++) {
     const uint32_t h = hs[k];
     const StageIndex* x = st.index[k].load(std::memory_order_relaxed);
-    size_t pos = h & x->mask;
+    size_t pos = home(h, x->mask);
     uint64_t e;
     for (; (e = x->at[pos].load(std::memory_order_relaxed)) != 0; pos = (pos + 1) & x->mask)
       if (static_cast<uint32_t>(e >> 32) == h) break;
@@ -128,7 +131,7 @@ void Classifier::count_stages(Subtable& st, const Flow& value, int delta, Rcu& r
       for (size_t i = 0; i <= x->mask; i++) {
         const uint64_t v = x->at[i].load(std::memory_order_relaxed);
         if (!static_cast<uint32_t>(v)) continue;
-        size_t p = static_cast<uint32_t>(v >> 32) & nx->mask;
+        size_t p = home(static_cast<uint32_t>(v >> 32), nx->mask);
         while (nx->at[p].load(std::memory_order_relaxed)) p = (p + 1) & nx->mask;
         nx->at[p].store(v, std::memory_order_relaxed);
         nx->used++;
@@ -136,7 +139,7 @@ void Classifier::count_stages(Subtable& st, const Flow& value, int delta, Rcu& r
       st.index[k].store(nx, std::memory_order_release);
       rcu.retire(x);
       x = nx;
-      pos = h & x->mask;
+      pos = home(h, x->mask);
       while (x->at[pos].load(std::memory_order_relaxed)) pos = (pos + 1) & x->mask;
     }
     const_cast<StageIndex*>(x)->used++;
