@@ -78,11 +78,11 @@ def test_a_rule_that_gives_a_stage_a_new_value_takes_the_packets_a_wide_megaflow
     assert ports_of(dp, echo()) == ["p3"]
 
 
-@pytest.mark.parametrize("n", [600])
-def test_stage_indexes_follow_many_adds_and_deletes(n):
-    """n rules in one subtable, each its own L2 stage value (the index grows and is
+def test_stage_indexes_follow_many_adds_and_deletes():
+    """600 rules in one subtable, each its own L2 stage value (the index grows and is
     rebuilt), every other one deleted (counts fall to zero): each MAC's UDP port 53
     goes to p3 exactly while its rule is there, everything else to the default."""
+    n = 600
     macs = [f"02:00:00:00:{i >> 8:02x}:{i & 255:02x}" for i in range(n)]
     dp = Dataplane(ports=PORTS, flows=[DEFAULT] + [f"priority=100,dl_dst={m},udp,tp_dst=53,actions=output:p3" for m in macs])
     for m in macs[::2]:
