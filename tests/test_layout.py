@@ -222,3 +222,57 @@ def test_fnlen_finds_a_long_function_of_each_language(tmp_path):
     r = _tool(root, "fnlen.py")
     assert r.returncode == 1
     assert r.stdout.splitlines() == ["  165  native/src/long.cc:5  Long::g", "  161  dpu/long.py:5  long_one"], r.stdout
+
+
+def _native_sources():
+    for top in ("native/src", "native/include", "native/bindings"):
+        for dirpath, _, filenames in os.walk(os.path.join(ROOT, top)):
+            for f in sorted(filenames):
+                if f.endswith((".h", ".cc", ".def")):
+                    yield os.path.join(dirpath, f)
+
+
+def test_native_code_prefetches_through_dpu_prefetch_only():
+    """__builtin_prefetch in a helper that is not inlined early is deleted by GCC 12 (the
+    helper is found pure, the call dead): dpu/mem.h's prefetch() is the one way in."""
+    mem_h = os.path.join(ROOT, "native", "include", "dpu", "mem.h")
+    found = []
+    for path in _native_sources():
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                code = line.split("//", 1)[0]
+                if "__builtin_prefetch" in code and path != mem_h:
+                    found.append(f"{os.path.relpath(path, ROOT)}:{n}")
+    assert not found, "use dpu::prefetch / dpu::prefetch_w (dpu/mem.h): " + ", ".join(found)
+
+
+PREFETCH_HELPER = """
+#include "dpu/mem.h"
+struct Table {
+  char* base;
+  [[gnu::noinline]] void warm(unsigned h) const { dpu::prefetch(base + (h & 1023u) * 256u); }
+};
+unsigned hash_all(const Table& t, const unsigned* keys, unsigned* out, int n) {
+  unsigned acc = 0;
+  for (int i = 0; i < n; i++) { out[i] = keys[i] * 2654435761u; t.warm(out[i]); acc ^= out[i]; }
+  return acc;
+}
+"""
+
+
+def test_a_prefetch_in_an_out_of_line_helper_survives_optimisation(tmp_path):
+    """The shape that lost the exact-match cache's prefetch: a helper whose only effect is a
+    prefetch, called where it is not inlined. With dpu::prefetch, -O3 keeps the call and the
+    prefetch instruction (with __builtin_prefetch, GCC 12 deletes both)."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    objdump = shutil.which("objdump")
+    if not cxx or not objdump or os.uname().machine != "x86_64":
+        pytest.skip("needs g++ and objdump on x86-64")
+    src = tmp_path / "helper.cc"
+    src.write_text(PREFETCH_HELPER)
+    obj = tmp_path / "helper.o"
+    subprocess.run([cxx, "-O3", "-std=c++17", "-I", os.path.join(ROOT, "native", "include"), "-c", str(src), "-o",
+                    str(obj)], check=True, capture_output=True, timeout=120)
+    asm = subprocess.run([objdump, "-d", str(obj)], check=True, capture_output=True, text=True).stdout
+    assert re.search(r"\bprefetcht0\b", asm), asm
+    assert re.search(r"\bcall\b.*warm", asm), asm

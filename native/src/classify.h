@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "dpcls.h"
+#include "dpu/mem.h"
 #include "parse.h"
 #include "stage.h"
 #include "vxlan.h"
@@ -171,8 +172,8 @@ inline uint32_t ClassifyStage::parse(StageEnv& env, Packet** pkts, uint32_t n, F
   for (uint32_t i = 0; i < n; i++) {
     Packet* p = pkts[i];
     if (i + 2 < n) {
-      __builtin_prefetch(pkts[i + 2]->data());
-      if (kTerms) __builtin_prefetch(pkts[i + 2]->data() + 64);
+      dpu::prefetch(pkts[i + 2]->data());
+      if (kTerms) dpu::prefetch(pkts[i + 2]->data() + 64);
     }
     const TunnelTerm* t = nullptr;
     OuterView raw;
@@ -244,7 +245,7 @@ inline void ClassifyStage::lookup(StageEnv& env, Packet** pkts, uint32_t n, bool
       Megaflow* next = static_cast<const Megaflow*>(p->ct.after)->after_ct;
       if (next && !next->dead && megaflow_matches(*next, words(sb.keys[i]))) {
         sb.mfs[i] = next;
-        __builtin_prefetch(next);
+        dpu::prefetch(next);
         n_hinted++;
         continue;
       }
@@ -271,7 +272,7 @@ inline void ClassifyStage::lookup(StageEnv& env, Packet** pkts, uint32_t n, bool
   uint32_t n_second = 0;
   auto hit = [&](uint32_t i, Megaflow* mf) {
     sb.mfs[i] = mf;
-    __builtin_prefetch(mf);
+    dpu::prefetch(mf);
     sb.stamps[i] = emc_.stamp(sb.slots[i]);
   };
   if (!use_emc) {

@@ -335,8 +335,8 @@ void CtStage::run(StageEnv& env, ClassifyStage& cls, Conntrack& ct, int64_t mono
   auto fetch_node = [&](size_t j) {
     if (kind_[j] == kKnown) {
       const CtResume& e = emc.side<CtResume>(jobs_[j].slot - 1);
-      __builtin_prefetch(e.conn);  // the line an IPv4 TCP or UDP packet reads (execute_known)
-      __builtin_prefetch(e.mf);
+      dpu::prefetch(e.conn);  // the line an IPv4 TCP or UDP packet reads (execute_known)
+      dpu::prefetch(e.mf);
     } else if (kind_[j] == kLookup && prep_[j].ok) {
       const CtPrep& pr = prep_[j];
       const CtSpec& spec = *jobs_[j].spec;

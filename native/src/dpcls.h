@@ -171,15 +171,15 @@ struct Subtable {
   // find() in steps for a batch: the slot a hash starts at, then the first
   // candidate there (a slot with the same hash: its megaflow's key words are
   // what the compare reads), then find() itself.
-  void prefetch_slot(uint32_t h) const { __builtin_prefetch(&slots[h & (slots.size() - 1)]); }
+  void prefetch_slot(uint32_t h) const { dpu::prefetch(&slots[h & (slots.size() - 1)]); }
   void prefetch_candidate(uint32_t h) const {
     size_t m = slots.size() - 1;
     for (size_t pos = h & m;; pos = (pos + 1) & m) {
       const Slot& s = slots[pos];
       if (!s.mf) return;
       if (s.hash != h) continue;
-      __builtin_prefetch(&s.mf->key[idx[0]]);
-      __builtin_prefetch(&s.mf->key[idx[n_idx - 1]]);
+      dpu::prefetch(&s.mf->key[idx[0]]);
+      dpu::prefetch(&s.mf->key[idx[n_idx - 1]]);
       return;
     }
   }
@@ -378,7 +378,7 @@ class Emc {
     std::memcpy(side_of(e_[slot]), &v, kSideBytes);
     e_[slot].side_tag = tag;
   }
-  void prefetch_side(uint32_t slot) const { __builtin_prefetch(side_of(e_[slot])); }
+  void prefetch_side(uint32_t slot) const { dpu::prefetch(side_of(e_[slot])); }
   // Revalidation (Megaflow::dead): an entry that named a dead megaflow
   // answers nothing more. forget() empties one entry; forget_dead() every
   // entry whose megaflow is dead, and the side data `names_dead` says names
@@ -503,10 +503,10 @@ class Emc {
   // key, the first three for another untracked one.
   void prefetch_entry(uint32_t i, bool common) const {
     const char* a = reinterpret_cast<const char*>(&e_[i]);
-    __builtin_prefetch(a);
+    dpu::prefetch(a);
     if (!common) {
-      __builtin_prefetch(a + 64);
-      __builtin_prefetch(a + 128);
+      dpu::prefetch(a + 64);
+      dpu::prefetch(a + 128);
     }
   }
 

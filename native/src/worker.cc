@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "dpu/mem.h"
+
 namespace dpu {
 
 Worker::Worker(DatapathView* dp, uint32_t pool_size)
@@ -301,10 +303,10 @@ void Worker::pass(Packet** pkts, uint32_t n, std::vector<Packet*>& recirc, bool 
       if (!mf) continue;
     }
     const Packet* p = pkts[i];
-    __builtin_prefetch(mf->acts);
+    dpu::prefetch(mf->acts);
     if (const char* side = static_cast<const char*>(mf->side)) {  // a tunnel header or ct spec: two lines
-      __builtin_prefetch(side);
-      __builtin_prefetch(side + 64);
+      dpu::prefetch(side);
+      dpu::prefetch(side + 64);
     }
     mf->count(p->len);
   }

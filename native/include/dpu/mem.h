@@ -64,6 +64,40 @@ inline void copy_frame(uint8_t* dst, const uint8_t* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
+// Prefetches the compiler keeps. GCC 12's modref pass finds a function whose
+// only effect is __builtin_prefetch to be pure, and a call to a pure function
+// whose result is unused is dead code: wherever such a helper had not been
+// inlined before the caller's dead-code pass, the prefetch was deleted. That is
+// how the exact-match cache's first-way prefetch (Emc::prefetch) left the
+// worker's pass when it was split into stages, and the probe then waited on
+// memory for every packet (issue 27). A volatile asm is a side effect no pass
+// removes; its operand is the address ("p"), not the memory behind it, so the
+// compiler infers nothing from it (a null pointer is a valid prefetch).
+// Native code prefetches through these only (tests/test_layout.py).
+[[gnu::always_inline]] inline void prefetch(const void* p) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %a0" : : "p"(p));
+#elif defined(__aarch64__)
+  asm volatile("prfm pldl1keep, [%0]" : : "r"(p));
+#else
+  __builtin_prefetch(p);
+#endif
+}
+
+// For a line about to be written: PREFETCHW where the target has it (as
+// __builtin_prefetch(p, 1) chooses), else an ordinary prefetch.
+[[gnu::always_inline]] inline void prefetch_w(const void* p) {
+#if defined(__PRFCHW__)
+  asm volatile("prefetchw %a0" : : "p"(p));
+#elif defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetcht0 %a0" : : "p"(p));
+#elif defined(__aarch64__)
+  asm volatile("prfm pstl1keep, [%0]" : : "r"(p));
+#else
+  __builtin_prefetch(p, 1);
+#endif
+}
+
 // Memory for the fast path's big arrays (packet pool, exact-match cache):
 // 2 MiB aligned and, on Linux, marked for transparent huge pages, so a worker's
 // hot data needs a handful of TLB entries (DPDK uses hugepages for the same

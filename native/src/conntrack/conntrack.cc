@@ -189,8 +189,8 @@ Conn* Conntrack::lookup(const CtKey& k, uint32_t h, int64_t now, int* dir) const
 // Its NAT mapping pointer is read atomically: a flush may release it.
 void Conntrack::prefetch_buckets(const Conn* c) const {
   Bucket* bs = buckets();
-  __builtin_prefetch(&bs[c->node[0].hash & mask_], 1);
-  __builtin_prefetch(&bs[c->node[1].hash & mask_], 1);
+  dpu::prefetch_w(&bs[c->node[0].hash & mask_]);
+  dpu::prefetch_w(&bs[c->node[1].hash & mask_]);
   if (const NatMapping* m = __atomic_load_n(&c->mapping, __ATOMIC_RELAXED)) NatTable::prefetch_mapping(m);
 }
 
@@ -879,9 +879,9 @@ Conn* CtWorker::alloc() {
     // building its keys would wait for all three lines.
     if (free_.size() > kAllocAhead) {
       const char* n = reinterpret_cast<const char*>(free_[free_.size() - 1 - kAllocAhead]);
-      __builtin_prefetch(n, 1);
-      __builtin_prefetch(n + 64, 1);
-      __builtin_prefetch(n + 128, 1);
+      dpu::prefetch_w(n);
+      dpu::prefetch_w(n + 64);
+      dpu::prefetch_w(n + 128);
     }
   }
   unlock();

@@ -64,6 +64,7 @@
 #include "ct_proto.h"
 #include "dpu/drops.h"
 #include "dpu/fields.h"
+#include "dpu/mem.h"
 #include "epoch.h"
 #include "nat.h"
 
@@ -252,7 +253,7 @@ class Conntrack {
   static void hash_prep(CtPrep* pr);
   void prefetch_head(uint32_t hash) const {  // the key's bucket
     Bucket* bs = buckets();
-    if (bs) __builtin_prefetch(&bs[hash & mask_]);
+    if (bs) dpu::prefetch(&bs[hash & mask_]);
   }
   // The connections in it that the key's tag points to; false if the key
   // cannot be in the table (no tag matches and no chain).
@@ -295,14 +296,14 @@ class Conntrack {
   // The two lines a packet of the connection uses (conn.h).
   static void prefetch_conn(const Conn* c) {
     const char* b = reinterpret_cast<const char*>(c);
-    __builtin_prefetch(b);
-    __builtin_prefetch(b + 64);
+    dpu::prefetch(b);
+    dpu::prefetch(b + 64);
   }
   // What expiry reads (conn.h): the first line, and the third for
   // unlinking it (its chain nodes) and releasing its mapping.
   static void prefetch_for_expiry(const Conn* c) {
-    __builtin_prefetch(c);
-    __builtin_prefetch(reinterpret_cast<const char*>(c) + 128);
+    dpu::prefetch(c);
+    dpu::prefetch(reinterpret_cast<const char*>(c) + 128);
   }
 
   // ---- dumps and counters (any thread) ---------------------------------------------------

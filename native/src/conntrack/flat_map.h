@@ -92,10 +92,10 @@ class FlatMap {
     if (!sl) return;
     const size_t i = Hash()(k) & (cap - 1);
     if (erasing) {  // (the builtin's read/write argument must be a constant, at -O0 too)
-      __builtin_prefetch(&sl[i], 1);
-      __builtin_prefetch(&sl[(i + 1) & (cap - 1)], 1);
+      dpu::prefetch_w(&sl[i]);
+      dpu::prefetch_w(&sl[(i + 1) & (cap - 1)]);
     } else {
-      __builtin_prefetch(&sl[i], 0);
+      dpu::prefetch(&sl[i]);
     }
   }
 

@@ -2,6 +2,7 @@
 #include "nat.h"
 
 #include "dpu/flow_key.h"
+#include "dpu/mem.h"
 
 namespace dpu {
 
@@ -247,13 +248,13 @@ void NatTable::prefetch_acquire(uint16_t zone, uint8_t proto, uint32_t int_addr,
   const PortBits* b = hint.bits.load(std::memory_order_relaxed);
   if (!b) return;
   const uint16_t want = be16(int_port);
-  __builtin_prefetch(&b->w[want >> 6], 1);
+  dpu::prefetch_w(&b->w[want >> 6]);
   if (r.random) return;
   uint16_t lo, hi;
   port_range(proto, r, &lo, &hi);
   const uint32_t s = search_from(lo, hi, hashed_start(zone, proto, int_addr, want));
-  __builtin_prefetch(&b->w[s >> 6], 1);
-  __builtin_prefetch(&b->full[s >> 12]);
+  dpu::prefetch_w(&b->w[s >> 6]);
+  dpu::prefetch(&b->full[s >> 12]);
 }
 
 bool NatTable::predict(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r,
@@ -284,7 +285,7 @@ void NatTable::prefetch_release(const NatMapping* m) const {
                    true);
   // PortBits outlive the table's mappings: a stale pointer is still a bitmap.
   if (const auto* b = static_cast<const PortBits*>(__atomic_load_n(&m->port_bits, __ATOMIC_RELAXED)))
-    __builtin_prefetch(&b->w[be16(__atomic_load_n(&m->ext_port, __ATOMIC_RELAXED)) >> 6], 1);
+    dpu::prefetch_w(&b->w[be16(__atomic_load_n(&m->ext_port, __ATOMIC_RELAXED)) >> 6]);
 }
 
 void NatTable::release(NatMapping* m) { release(&m, m ? 1 : 0); }

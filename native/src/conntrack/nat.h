@@ -29,6 +29,7 @@
 #include <mutex>
 #include <vector>
 
+#include "dpu/mem.h"
 #include "dpu/rule.h"
 #include "flat_map.h"
 #include "dpu/status.h"
@@ -83,7 +84,7 @@ class NatTable {
   // guess that a concurrent change can make wrong: for prefetching only.
   bool predict(uint16_t zone, uint8_t proto, uint32_t int_addr, uint16_t int_port, const NatRange& r,
                uint32_t* ext_addr, uint16_t* ext_port) const;
-  static void prefetch_mapping(const NatMapping* m) { __builtin_prefetch(m); }
+  static void prefetch_mapping(const NatMapping* m) { dpu::prefetch(m); }
   void prefetch_release(const NatMapping* m) const;
   // The zone's mapping of a public endpoint (endpoint-independent filtering),
   // with a reference taken for the connection it lets in (release() it), or

@@ -35,7 +35,7 @@ class MemRx : public RxQueue {
       if (scattered_) {
         size_t ahead = next_ + kAhead;
         if (ahead >= n_) ahead = cycle_ && n_ > kAhead ? ahead - n_ : n_ - 1;
-        __builtin_prefetch(data_ + offsets_[ahead]);
+        dpu::prefetch(data_ + offsets_[ahead]);
       }
       const uint32_t len = lens_[next_];
       if (one_port_ && got && ports_[next_] != pkts[0]->md.in_port) break;
