@@ -157,7 +157,8 @@ class CtStage {
   }
   size_t waiting() const { return jobs_.size(); }
   // The jobs: each tracked, then on its way (see the top of this file).
-  // exec(env, p, key, actions, n, next) runs datapath actions on p.
+  // exec(p, key, actions, n) runs datapath actions on p (the caller binds
+  // where they send it: ExecPath, execute.h).
   template <class Exec>
   void run(StageEnv& env, ClassifyStage& cls, Conntrack& ct, int64_t mono_ns, std::vector<Packet*>& next, Exec&& exec);
   // The pass after a noted packet's conntrack found `mf` with `key`: its
@@ -176,15 +177,14 @@ class CtStage {
  private:
   void note_resume(Packet* p, uint32_t slot, uint32_t stamp, const CtResult& r);
   template <class Exec>
-  bool continue_pass(StageEnv& env, ClassifyStage& cls, Packet* p, const Megaflow* from, std::vector<Packet*>& next,
-                     Exec& exec);
+  bool continue_pass(StageEnv& env, ClassifyStage& cls, Packet* p, const Megaflow* from, Exec& exec);
   // What pass() would have done with a packet whose key found mf (the
   // caller counts it as a pass).
   template <class Exec>
-  void run_megaflow(StageEnv& env, Packet* p, Megaflow* mf, const Flow& key, std::vector<Packet*>& next, Exec& exec) {
+  void run_megaflow(StageEnv& env, Packet* p, Megaflow* mf, const Flow& key, Exec& exec) {
     mf->count(p->len);
     env.enter_tenant(p, mf->tenant);
-    exec(env, p, key, mf->acts, mf->n_acts, next);
+    exec(p, key, mf->acts, mf->n_acts);
   }
 
   struct CtJob {
@@ -267,8 +267,7 @@ constexpr size_t kCtSweepBudget = 64, kCtSweepPerJob = 2;
 // decides the recirculation limit) nor for a frame the next pass might
 // pop a tunnel from (the fast tunnel of classify.h).
 template <class Exec>
-bool CtStage::continue_pass(StageEnv& env, ClassifyStage& cls, Packet* p, const Megaflow* from,
-                            std::vector<Packet*>& next, Exec& exec) {
+bool CtStage::continue_pass(StageEnv& env, ClassifyStage& cls, Packet* p, const Megaflow* from, Exec& exec) {
   Megaflow* mf = from->after_ct;
   if (!mf || mf->dead || mf->recirculates) return false;
   const PortView& v = env.view;
@@ -281,7 +280,7 @@ bool CtStage::continue_pass(StageEnv& env, ClassifyStage& cls, Packet* p, const 
   if (p->ct.resume) fill_resume(cls, p, mf, key);
   env.add_passes(1, 1);
   env.recirculated = true;
-  run_megaflow(env, p, mf, key, next, exec);
+  run_megaflow(env, p, mf, key, exec);
   return true;
 }
 
@@ -401,7 +400,7 @@ void CtStage::run(StageEnv& env, ClassifyStage& cls, Conntrack& ct, int64_t mono
       // and the packet has no note to fill. Counted below.
       if (known->same(r, known_tag, cold.label) && !known->mf->dead) {
         resumed++;
-        run_megaflow(env, job.p, known->mf, cold.key, next, exec);
+        run_megaflow(env, job.p, known->mf, cold.key, exec);
         continue;
       }
     }
@@ -409,12 +408,12 @@ void CtStage::run(StageEnv& env, ClassifyStage& cls, Conntrack& ct, int64_t mono
     if (job.spec->recirc_id) {
       job.p->md.recirc_id = job.spec->recirc_id;
       if (job.slot) note_resume(job.p, job.slot - 1, job.stamp, r);
-      if (job.from && continue_pass(env, cls, job.p, job.from, next, exec)) continue;
+      if (job.from && continue_pass(env, cls, job.p, job.from, exec)) continue;
       job.p->ct.after = job.from;  // its next pass tries what followed this megaflow last time
       next.push_back(job.p);
     } else {
       const Flow key = keys_[job.key];  // copied: the continuation may add keys
-      exec(env, job.p, key, job.rest, job.n_rest, next);
+      exec(job.p, key, job.rest, job.n_rest);
     }
   }
   // The stage's counts: every job was tracked once; each resumed packet

@@ -9,9 +9,8 @@
 
 namespace dpu {
 
-void ExecuteStage::run_nested(StageEnv& env, TransmitStage& tx, CtStage& ct, Packet* p, const Flow& key,
-                              const DpAction* a, size_t n, std::vector<Packet*>& recirc) {
-  run(env, tx, ct, p, key, a, n, recirc);
+void ExecuteStage::run_nested(const ExecPath& to, Packet* p, const Flow& key, const DpAction* a, size_t n) {
+  run(to.env, to.tx, to.ct, p, key, a, n, to.recirc);
 }
 
 uint32_t crc32c(const uint8_t* p, size_t n) {

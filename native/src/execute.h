@@ -271,17 +271,30 @@ struct ExecuteCounters {
 #undef DPU_EXECUTE_COUNTER
 };
 
+// Where the execute stage sends packets, with the worker's environment: the
+// transmit stage, the conntrack stage and the list of the next pass (TNL_POP).
+// run_nested takes them as one argument so that all of its arguments travel
+// in registers (nine, with these apart, put three on the stack and made its
+// frame realign through another register: more work on every packet that
+// conntrack resumes). The inlined run takes them apart: bound in a struct,
+// the pass reached its own members through it.
+struct ExecPath {
+  StageEnv& env;
+  TransmitStage& tx;
+  CtStage& ct;
+  std::vector<Packet*>& recirc;
+};
+
 class ExecuteStage {
  public:
   // The actions a[0..n) on p (key: its pass's flow key). Packets leave to
-  // the transmit stage, the conntrack stage or `recirc` (TNL_POP), or die.
+  // the transmit stage, the conntrack stage or the next pass, or die.
   __attribute__((always_inline)) inline void run(StageEnv& env, TransmitStage& tx, CtStage& ct, Packet* p,
                                                  const Flow& key, const DpAction* a, size_t n,
                                                  std::vector<Packet*>& recirc);
   // The same, out of line: clones (group buckets) recurse through it, and
   // the conntrack stage runs what follows a ct through it.
-  void run_nested(StageEnv& env, TransmitStage& tx, CtStage& ct, Packet* p, const Flow& key, const DpAction* a,
-                  size_t n, std::vector<Packet*>& recirc);
+  void run_nested(const ExecPath& to, Packet* p, const Flow& key, const DpAction* a, size_t n);
   const ExecuteCounters& counters() const { return counters_; }
 
  private:
@@ -353,11 +366,11 @@ inline void ExecuteStage::run(StageEnv& env, TransmitStage& tx, CtStage& ct, Pac
         size_t inner = act.n_nested;
         if (i + inner + 1 == n) {
           // Nothing follows the clone: run it on the packet itself.
-          run_nested(env, tx, ct, p, key, a + i + 1, inner, recirc);
+          run_nested(ExecPath{env, tx, ct, recirc}, p, key, a + i + 1, inner);
           return;
         }
         Packet* c = env.copy(p);
-        if (c) run_nested(env, tx, ct, c, key, a + i + 1, inner, recirc);
+        if (c) run_nested(ExecPath{env, tx, ct, recirc}, c, key, a + i + 1, inner);
         else env.arrivals.set_reason(p, DROP_NO_BUFFER);
         i += inner;
         break;

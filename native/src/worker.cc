@@ -262,9 +262,10 @@ void Worker::follow_packet_clock() {
 
 __attribute__((noinline)) void Worker::conntrack_stage(std::vector<Packet*>& next) {
   const uint64_t t0 = env_.profile ? stage_cycles() : 0;
+  const ExecPath to{env_, tx_, ct_, next};
   ct_.run(env_, classify_, dp_->conntrack(), dp_->now_ns(), next,
-          [this](StageEnv& env, Packet* p, const Flow& key, const DpAction* a, size_t n, std::vector<Packet*>& rec) {
-            execute_.run_nested(env, tx_, ct_, p, key, a, n, rec);
+          [this, &to](Packet* p, const Flow& key, const DpAction* a, size_t n) {
+            execute_.run_nested(to, p, key, a, n);
           });
   if (env_.profile) env_.counters.cycles[STAGE_CONNTRACK] += stage_cycles() - t0;
 }
