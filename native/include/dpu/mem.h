@@ -1,8 +1,9 @@
-// mem.h: fixed-size memory helpers for the fast path.
+// mem.h: memory helpers for the fast path: fixed-size clears and copies,
+// prefetches, huge-page arrays. Any thread.
 //
 // GCC lowers a memset of a mid-sized constant length (the 152-byte flow key,
 // the 88-byte packet metadata) to `rep stos`, which costs tens of cycles to
-// start; these helpers store whole vector registers instead. Pure, any thread.
+// start; the fixed-size helpers store whole vector registers instead.
 #pragma once
 
 #include <cstddef>
@@ -75,7 +76,7 @@ inline void copy_frame(uint8_t* dst, const uint8_t* src, size_t n) {
 // compiler infers nothing from it (a null pointer is a valid prefetch).
 // Native code prefetches through these only (tests/test_layout.py).
 [[gnu::always_inline]] inline void prefetch(const void* p) {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
   asm volatile("prefetcht0 %a0" : : "p"(p));
 #elif defined(__aarch64__)
   asm volatile("prfm pldl1keep, [%0]" : : "r"(p));
@@ -89,7 +90,7 @@ inline void copy_frame(uint8_t* dst, const uint8_t* src, size_t n) {
 [[gnu::always_inline]] inline void prefetch_w(const void* p) {
 #if defined(__PRFCHW__)
   asm volatile("prefetchw %a0" : : "p"(p));
-#elif defined(__x86_64__) || defined(__i386__)
+#elif defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
   asm volatile("prefetcht0 %a0" : : "p"(p));
 #elif defined(__aarch64__)
   asm volatile("prfm pstl1keep, [%0]" : : "r"(p));
