@@ -21,11 +21,11 @@ DPU = os.path.join(ROOT, "dpu")
 LABS = {"netns", "livelab", "live_peer", "evpn_lab", "ovs_oracle"}
 
 
-def _py_files(top: str):
+def _files(top: str, suffixes=(".py",)):
     for dirpath, dirnames, filenames in os.walk(top):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
         for f in sorted(filenames):
-            if f.endswith(".py"):
+            if f.endswith(suffixes):
                 yield os.path.join(dirpath, f)
 
 
@@ -62,14 +62,14 @@ def _rel(path: str) -> str:
 
 
 def test_the_rules_are_checked_on_real_files():
-    files = [os.path.basename(p) for p in _py_files(TESTS)]
+    files = [os.path.basename(p) for p in _files(TESTS)]
     assert "conftest.py" in files and "test_layout.py" in files and len(files) > 40
     assert os.path.isfile(os.path.join(TESTS, "helpers", "__init__.py"))
 
 
 def test_no_test_module_imports_another():
     bad = []
-    for path in _py_files(TESTS):
+    for path in _files(TESTS):
         for line, name in _imported(_tree(path), "helpers" if "/helpers/" in path else ""):
             if _is_test_module(name):
                 bad.append(f"{_rel(path)}:{line}: imports {name}")
@@ -80,7 +80,7 @@ def test_top_of_tests_holds_tests_labs_and_conftest_only():
     stray = [f for f in os.listdir(TESTS) if f.endswith(".py") and not f.startswith("test_")
              and f != "conftest.py" and f[:-3] not in LABS]
     assert not stray, f"shared code belongs in tests/helpers: {stray}"
-    in_helpers = [os.path.basename(p) for p in _py_files(os.path.join(TESTS, "helpers"))]
+    in_helpers = [os.path.basename(p) for p in _files(os.path.join(TESTS, "helpers"))]
     assert not [f for f in in_helpers if f.startswith("test_")], in_helpers
 
 
@@ -90,7 +90,7 @@ _SYS_PATH = re.compile(r"sys\.path\.(insert|append|extend)|sys\.path\s*(\+=|=)")
 def test_sys_path_is_set_in_conftest_only():
     """In code and in the code strings given to child interpreters alike."""
     bad = []
-    for path in _py_files(TESTS):
+    for path in _files(TESTS):
         if os.path.basename(path) in ("conftest.py", "test_layout.py"):
             continue
         with open(path, encoding="utf-8") as f:
@@ -103,7 +103,7 @@ def test_sys_path_is_set_in_conftest_only():
 def _dpu_modules():
     """{module name: path} of the dpu package, subpackages included."""
     out = {}
-    for path in _py_files(DPU):
+    for path in _files(DPU):
         rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
         out[rel[:-len(".__init__")] if rel.endswith(".__init__") else rel] = path
     return out
@@ -224,25 +224,17 @@ def test_fnlen_finds_a_long_function_of_each_language(tmp_path):
     assert r.stdout.splitlines() == ["  165  native/src/long.cc:5  Long::g", "  161  dpu/long.py:5  long_one"], r.stdout
 
 
-def _native_sources():
-    for top in ("native/src", "native/include", "native/bindings"):
-        for dirpath, _, filenames in os.walk(os.path.join(ROOT, top)):
-            for f in sorted(filenames):
-                if f.endswith((".h", ".cc", ".def")):
-                    yield os.path.join(dirpath, f)
-
-
 def test_native_code_prefetches_through_dpu_prefetch_only():
     """__builtin_prefetch in a helper that is not inlined early is deleted by GCC 12 (the
     helper is found pure, the call dead): dpu/mem.h's prefetch() is the one way in."""
     mem_h = os.path.join(ROOT, "native", "include", "dpu", "mem.h")
     found = []
-    for path in _native_sources():
+    for path in _files(os.path.join(ROOT, "native"), (".h", ".cc", ".def")):
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 code = line.split("//", 1)[0]
                 if "__builtin_prefetch" in code and path != mem_h:
-                    found.append(f"{os.path.relpath(path, ROOT)}:{n}")
+                    found.append(f"{_rel(path)}:{n}")
     assert not found, "use dpu::prefetch / dpu::prefetch_w (dpu/mem.h): " + ", ".join(found)
 
 

@@ -90,12 +90,10 @@ inline void copy_frame(uint8_t* dst, const uint8_t* src, size_t n) {
 [[gnu::always_inline]] inline void prefetch_w(const void* p) {
 #if defined(__PRFCHW__)
   asm volatile("prefetchw %a0" : : "p"(p));
-#elif defined(__x86_64__) || (defined(__i386__) && defined(__SSE__))
-  asm volatile("prefetcht0 %a0" : : "p"(p));
 #elif defined(__aarch64__)
   asm volatile("prfm pstl1keep, [%0]" : : "r"(p));
 #else
-  __builtin_prefetch(p, 1);
+  prefetch(p);
 #endif
 }
 
