@@ -336,8 +336,6 @@ void CtStage::run(StageEnv& env, ClassifyStage& cls, Conntrack& ct, int64_t mono
       const CtResume& e = emc.side<CtResume>(jobs_[j].slot - 1);
       dpu::prefetch(e.conn);  // the line an IPv4 TCP or UDP packet reads (execute_known)
       dpu::prefetch(e.mf);
-      const Packet* p = jobs_[j].p;  // its IP header, read there first
-      dpu::prefetch(p->data() + p->l3_ofs);
     } else if (kind_[j] == kLookup && prep_[j].ok) {
       const CtPrep& pr = prep_[j];
       const CtSpec& spec = *jobs_[j].spec;
