@@ -5,8 +5,8 @@ setup.py compiles the core once per variant below, each an extension module of i
 This file is the one list of both: setup.py reads it by path (it imports nothing of dpu), so
 a variant's compiler flags and the CPU features it needs cannot disagree.
 
-x86-64-v4 (AVX-512) is not built: the machine the core is measured on has no AVX-512, so it
-could be neither tested nor shown to pay (docs/development.md, "Instruction sets").
+x86-64-v4 (AVX-512) is not built: it has not been shown to pay over v3 (docs/development.md,
+"Instruction sets").
 """
 from __future__ import annotations
 
