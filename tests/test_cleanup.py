@@ -8,6 +8,7 @@ signal, then checks that the child ended as the signal says (killed by it, or
 128 + its number where the tool exits by itself on SIGINT) and that everything
 it named is gone: namespaces, processes, directories.
 """
+import errno
 import json
 import os
 import signal
@@ -361,9 +362,36 @@ def test_bench_replay_10m_leaves_no_temporary_directory(tmp_path):
     check_setup_and_teardown(p, signal.SIGTERM, {"tmp": d})
 
 
+def _feed_fifo(path: str, data: bytes, p: subprocess.Popen, timeout: float = 30) -> None:
+    """Writes data into the FIFO at path once child p has opened it for reading. The signal
+    may also reach the child after its directory exists and before its replay opens the
+    FIFO: its handler then runs at once and the child ends without ever opening it, and a
+    blocking open for writing would wait for a reader for ever."""
+    def reader_or_gone():
+        if p.poll() is not None:
+            return -1
+        try:
+            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno != errno.ENXIO:  # ENXIO: no reader yet
+                raise
+            return None
+    fd = wait_for(reader_or_gone, timeout, "the child opening its FIFO, or ending")
+    if fd < 0:
+        return
+    try:
+        os.set_blocking(fd, True)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
 def test_ct_dump_leaves_no_temporary_directory(tmp_path):
     """dpu ct dump replays into a temporary directory. Its capture is a FIFO: the replay
-    waits for it, the signal arrives meanwhile and is acted on once the replay returns."""
+    waits for it, the signal arrives meanwhile and is acted on once the replay returns (or,
+    arriving before the replay opens the FIFO, at once); either way the directory goes."""
     from netns import write_pcap
     from helpers.packets import PKT_UDP
 
@@ -379,8 +407,7 @@ def test_ct_dump_leaves_no_temporary_directory(tmp_path):
     d = _tool_dir(str(tmp), "dpu-ct-")
     assert os.path.isdir(d)
     p.send_signal(signal.SIGTERM)
-    with open(fifo, "wb") as f:  # the replay, and with it the signal's handler, can go on
-        f.write((tmp_path / "one.pcap").read_bytes())
+    _feed_fifo(str(fifo), (tmp_path / "one.pcap").read_bytes(), p)  # the replay, and with it the handler, goes on
     rc, out, err = finish(p)
     assert rc == -signal.SIGTERM, err
     assert not os.path.exists(d)
