@@ -35,6 +35,7 @@ from .topology import Topology
 
 log = logging.getLogger("dpu.evpn")
 HOLD_AFTER_UP_S = 3.0   # after FRR's sessions are back, quiet time for its routes before syncing again
+RESIGNAL_WAIT_S = 5.0   # at start, how long dpu waits for its zebra to know the VNIs (then housekeeping does)
 
 
 def shadow_tenants(topo: Topology) -> List[Any]:
@@ -81,6 +82,7 @@ class EvpnService:
         self.held_since: Optional[float] = None   # FRR down: learned entries held since then
         self._up_since: Optional[float] = None
         self.external_zebra: Optional[int] = None   # frr: external: the zebra whose neighbours were re-signalled
+        self.resignal_pending = False   # frr: managed: started, its zebra not yet told our neighbours
 
     # ---- start and stop ----------------------------------------------------------------
     def start(self) -> None:
@@ -112,7 +114,34 @@ class EvpnService:
             raise FabricError("evpn: frr: managed needs dpu run's control socket (--ctl): FRR's state lives beside it")
         self.frr = ManagedFrr(self.state_dir, None, self.shadow.namespaces(), frr_confs(self.topo, tenants))
         self.frr.start()
-        self.shadow.resignal()   # zebra reads permanent neighbours written before it started only when told again
+        self._resignal_when_zebra_knows(wait=RESIGNAL_WAIT_S)
+
+    def _resignal_when_zebra_knows(self, wait: float = 0.0) -> None:
+        """zebra reads permanent neighbours written before it started only when told again, and
+        takes one only for a VNI it already knows, which it learns from bgpd after both have
+        started: re-signalled earlier, a tenant's MAC+IP routes never went out. So the local
+        neighbours of a started managed FRR are re-signalled once its zebra knows every tenant's
+        VNI: waited for up to `wait` seconds here, else in housekeeping's rounds."""
+        self.resignal_pending = True
+        want = {t.vni for t in self.topo.tenants.values()}
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                known = self.frr.vnis()
+            except FabricError:
+                known = set()
+            if want <= known:
+                self.shadow.resignal()
+                if not wait:
+                    log.info("evpn: FRR's zebra knows our VNIs now: local neighbours re-signalled")
+                self.resignal_pending = False
+                return
+            if time.monotonic() >= deadline:
+                if wait:  # (housekeeping's rounds, with no wait, would say it twice a second)
+                    log.info("evpn: FRR's zebra does not know VNIs %s yet: local neighbours re-signalled once it "
+                             "does", sorted(want - known))
+                return
+            time.sleep(0.05)
 
     def close(self) -> None:
         for step in (lambda: self.shadow and self.shadow.stop(), lambda: self.frr and self.frr.stop(),
@@ -141,13 +170,15 @@ class EvpnService:
             try:
                 frr.stop()
                 frr.start()
-                self.shadow.resignal()
+                self._resignal_when_zebra_knows()
                 self.restarts += 1
             except Exception as e:
                 self.errors += 1
                 self.last_error = str(e)
                 log.error("evpn: could not restart FRR: %s", e)
             return
+        if self.resignal_pending and frr.alive():
+            self._resignal_when_zebra_knows()
         if self.held_since is None or not frr.alive():
             return
         try:
@@ -230,7 +261,7 @@ class EvpnService:
                     self.held_since = self.held_since or time.monotonic()
                     self._up_since = None
                     self.frr.reload(confs, self.shadow.namespaces())
-                    self.shadow.resignal()
+                    self._resignal_when_zebra_knows()
             self.mirror.retopology(topo)
 
     # ---- what dpu evpn and the metrics show -------------------------------------------

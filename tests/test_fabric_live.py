@@ -220,6 +220,13 @@ def fabric():
                 return all(v[t]["macs"] >= 1 and v[t]["routes"] >= 2 for t in VM)
 
             wait_for(learned, 60, "dpu to learn h1's endpoints and routes in both tenants")
+
+            def announced():  # the other way: BGP brings our VMs' routes to h1 in its own time
+                routes = lab.evpn_routes(h1.frr)
+                return all(f"[2]:[0]:[48]:[{mac}]:[32]:[{VM_IP}] vni {vni} via {host.ip}" in routes
+                           for mac, vni, _ in VM.values())
+
+            wait_for(announced, 60, "h1 to learn our VMs' MAC+IP routes in both tenants")
             host.peer, host.peer_external = host3, host4
             yield lab, host, h1
         finally:

@@ -235,6 +235,10 @@ class _Vty:
                     out[(int(vni), mac)] = seq
         return out
 
+    def vnis(self) -> Set[int]:
+        """The VNIs zebra knows (bgpd has told it advertise-all-vni and found their devices)."""
+        return {int(v) for v in self.vtysh("show evpn vni json")}
+
 
 class ManagedFrr(_Vty):
     """zebra and bgpd with their own state directory (module docstring).
@@ -454,6 +458,3 @@ class ExternalFrr(_Vty):
             raise FabricError(f"{self.name}: the operator's FRR is not running: no live {' or '.join(down)} "
                               f"with its pid file and vty socket in {self.dir}")
 
-    def vnis(self) -> Set[int]:
-        """The VNIs zebra knows (bgpd has told it advertise-all-vni and found their devices)."""
-        return {int(v) for v in self.vtysh("show evpn vni json")}
