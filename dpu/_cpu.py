@@ -5,8 +5,8 @@ setup.py compiles the core once per variant below, each an extension module of i
 This file is the one list of both: setup.py reads it by path (it imports nothing of dpu), so
 a variant's compiler flags and the CPU features it needs cannot disagree.
 
-x86-64-v4 (AVX-512) is not built: it has not been shown to pay over v3 (docs/development.md,
-"Instruction sets").
+x86-64-v4 (AVX-512) is not built: measured on a CPU that has it, it ran slower than v3
+(docs/development.md, "Instruction sets").
 """
 from __future__ import annotations
 
