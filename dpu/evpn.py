@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from .errors import FabricError
 from .mirror import FabricMirror, evpn_view
@@ -123,14 +123,10 @@ class EvpnService:
         neighbours of a started managed FRR are re-signalled once its zebra knows every tenant's
         VNI: waited for up to `wait` seconds here, else in housekeeping's rounds."""
         self.resignal_pending = True
-        want = {t.vni for t in self.topo.tenants.values()}
         deadline = time.monotonic() + wait
         while True:
-            try:
-                known = self.frr.vnis()
-            except FabricError:
-                known = set()
-            if want <= known:
+            missing = self._vnis_zebra_lacks()
+            if not missing:
                 self.shadow.resignal()
                 if not wait:
                     log.info("evpn: FRR's zebra knows our VNIs now: local neighbours re-signalled")
@@ -139,9 +135,17 @@ class EvpnService:
             if time.monotonic() >= deadline:
                 if wait:  # (housekeeping's rounds, with no wait, would say it twice a second)
                     log.info("evpn: FRR's zebra does not know VNIs %s yet: local neighbours re-signalled once it "
-                             "does", sorted(want - known))
+                             "does", sorted(missing))
                 return
             time.sleep(0.05)
+
+    def _vnis_zebra_lacks(self) -> Set[int]:
+        """The tenants' VNIs FRR's zebra does not know yet (all of them while it does not answer)."""
+        want = {t.vni for t in self.topo.tenants.values()}
+        try:
+            return want - self.frr.vnis()
+        except FabricError:
+            return want
 
     def close(self) -> None:
         for step in (lambda: self.shadow and self.shadow.stop(), lambda: self.frr and self.frr.stop(),
@@ -212,11 +216,7 @@ class EvpnService:
         zebra = frr.pid("zebra")
         if zebra is None or zebra == self.external_zebra:
             return
-        try:
-            known = frr.vnis()
-        except FabricError:
-            return
-        if {t.vni for t in self.topo.tenants.values()} <= known:
+        if not self._vnis_zebra_lacks():
             self.shadow.resignal()
             self.external_zebra = zebra
             log.info("evpn: the operator's zebra (pid %d) knows our VNIs: local neighbours re-signalled", zebra)
