@@ -8,7 +8,7 @@
               of the differential tests (test_differential, test_ct_differential, test_ovs_compat)
   checksums   the one checksum verifier (and the Internet checksum builders use)
   tshark      tshark with checksum validation on, and "nothing wrong in this capture"
-  wait        wait_for: waiting on a condition, not on the clock
+  wait        wait_for: waiting on a condition, not on the clock; wait_stable: until quiet
   fuzzing     bounded hypothesis settings and byte-level edits of valid inputs
   core_levels (here) dpu/_cpu.py read alone: the core's levels and this CPU's best
 

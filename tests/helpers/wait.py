@@ -55,3 +55,22 @@ def settle(probe: Callable[[], T], done: Callable[[T], bool], timeout: float = 3
     first: for a test that asserts on the value itself, so that a failure shows what was
     there rather than only that the wait ran out."""
     return _poll(probe, done, timeout, interval)[0]
+
+
+def wait_stable(probe: Callable[[], T], hold: float, timeout: float = 30.0,
+                what: str = "the value to settle") -> T:
+    """probe()'s value once it has stayed the same for ``hold`` seconds (a system that has
+    gone quiet: no change still on its way); fails with WaitTimeout naming ``what`` when it
+    keeps changing for ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    value, since = probe(), time.monotonic()
+    while True:
+        now = time.monotonic()
+        if now - since >= hold:
+            return value
+        if now >= deadline:
+            raise WaitTimeout(f"{what} kept changing for {timeout:g} s (last: {value!r})")
+        time.sleep(min(0.1, hold / 4))
+        v = probe()
+        if v != value:
+            value, since = v, time.monotonic()
