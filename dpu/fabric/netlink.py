@@ -228,6 +228,21 @@ class Rtnl:
                 return out
             out.extend(self.parse(data))
 
+    def drain(self) -> int:
+        """Discards every message waiting on the socket; how many datagrams. After an overrun
+        (ENOBUFS) the kernel reports the next one only once the socket's queue has been empty:
+        until then it drops events without a word."""
+        n = 0
+        while True:
+            try:
+                self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+                n += 1
+            except BlockingIOError:
+                return n
+            except OSError as e:
+                if e.errno != errno.ENOBUFS:
+                    raise
+
 
 class _Msg:
     """A parsed message: m["field"], m.get_attr("NAME"), m.get("event"), m["header"], as

@@ -12,7 +12,11 @@ microseconds. `Watcher.learned()` (`Shadow.watched()`) hands the callback copies
 
 Bridges and VXLAN devices coming, going, going down or up (which can take entries with them
 without an event per entry) make the namespace be dumped again before the next callback, as
-does a socket that overran (ENOBUFS: events were lost). And once a minute every namespace is
+does a socket that overran (ENOBUFS: events were lost; what waits on it is thrown away at once,
+for the kernel reports the next overrun only after its queue has been empty). A dump is made
+until two in a row agree (settled_dump: an FDB dump racing deletions skips entries and does not
+say so); one made while the entries kept changing is checked again a second later, and a check
+is not compared with such a dump. And once a minute every namespace is
 dumped and compared with what the events built: a difference (a bug, or an event the kernel
 never sent) is logged as a warning, corrected, and reported to the callback.
 
@@ -46,12 +50,35 @@ from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 from ..errors import InvalidArgumentError
 from . import netlink as nl
-from .fold import Fold, dump_ns
+from .fold import Fold, Scan, dump_ns
 
 log = logging.getLogger("dpu.fabric")
 GROUPS = nl.RTMGRP_LINK | nl.RTMGRP_NEIGH | nl.RTMGRP_IPV4_ROUTE
 RCVBUF = 4 << 20
 VERIFY_S = 60.0     # how often the incremental state is checked against a dump
+SETTLE_DUMPS = 3    # dumps made at most, until two agree (settled_dump)
+RECHECK_S = 1.0     # after a dump made while the namespace kept changing, the check comes this soon
+
+
+def _entries(scan) -> Set[Tuple]:
+    """A scan's FDB entries and neighbours, comparable between dumps."""
+    return {(m["family"], m["ifindex"], m["state"], m["flags"], m.get_attr("NDA_DST"), m.get_attr("NDA_LLADDR"))
+            for m in scan.fdb + scan.neigh}
+
+
+def settled_dump(ns: Optional[str]) -> Tuple[Scan, bool]:
+    """dump_ns() of a namespace, its routes included, repeated until two dumps in a row list the
+    same FDB entries and neighbours; and whether two did. The kernel's FDB dump is no snapshot: it
+    resumes each part by counting entries, so one deleted while it runs makes it skip another
+    that stays, and it does not flag that (NLM_F_DUMP_INTR, which Rtnl.dump() retries on).
+    After SETTLE_DUMPS dumps that all differ (the namespace kept changing), the last one."""
+    scan = dump_ns(ns, routes=True)
+    for _ in range(SETTLE_DUMPS - 1):
+        again = dump_ns(ns, routes=True)
+        if _entries(again) == _entries(scan):
+            return again, True
+        scan = again
+    return scan, False
 
 
 class Debouncer:
@@ -112,7 +139,9 @@ class Watcher:
         self._folds: Dict[Optional[str], Dict[str, Any]] = {}    # namespace -> tenant -> Fold
         self._rescan: Set[Optional[str]] = set()                  # namespaces to dump before the next callback
         self._next_verify = time.monotonic() + VERIFY_S
+        self._unsettled: Set[Optional[str]] = set()   # namespaces last dumped while they kept changing
         self.drifts = 0                        # verifications that found the events' state wrong
+        self.overruns = 0                      # sockets that overran (ENOBUFS): namespaces dumped again
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
@@ -181,6 +210,7 @@ class Watcher:
             if ns not in want:
                 self._socks.pop(ns)[0].close()
                 self._folds.pop(ns, None)
+                self._unsettled.discard(ns)
                 self._links = {k: v for k, v in self._links.items() if k[0] != ns}
         for ns, names in want.items():
             if ns in self._socks:
@@ -211,7 +241,7 @@ class Watcher:
         with self.shadow._lock:
             places = {n: p for n, (p, _) in self.shadow._tenant_places().items() if p.ns == ns}
         try:
-            scan = dump_ns(ns, routes=True)
+            scan, settled = settled_dump(ns)
         except OSError as e:
             log.warning("shadow %s: cannot read %s: %s", self.shadow.tag, ns, e.strerror or e)
             self._folds.pop(ns, None)   # learned() says so (the callback read()s); its next event retries
@@ -219,27 +249,42 @@ class Watcher:
         had = ns in self._folds
         old = self._folds.get(ns, {})
         new = {n: Fold(scan, p, self.shadow.tag).fill(scan) for n, p in places.items()}
+        if not settled:                     # it may lack entries: checked again soon
+            self._next_verify = min(self._next_verify, time.monotonic() + RECHECK_S)
         if verify is not None and had:
             self._read(ns, verify, also=new)
             if ns in self._rescan:          # it overran: what the events built is not comparable
                 verify = None
+            elif not settled:               # nor with a dump that may lack entries: kept as built
+                self._unsettled.add(ns)
+                return set()
+        suspect = ns in self._unsettled     # what it replaces came from such a dump
+        if settled:
+            self._unsettled.discard(ns)
+        else:
+            self._unsettled.add(ns)
         self._folds[ns] = new
         changed = {n for n, f in new.items() if n not in old or old[n].learned() != f.learned()}
         changed |= set(old) - set(new)
         if verify is not None and had and changed:
-            self.drifts += 1
-            log.warning("shadow %s: what the netlink events built for %s differs from the kernel's; corrected "
-                        "from a dump", self.shadow.tag, ", ".join(sorted(changed)))
+            if suspect:
+                log.info("shadow %s: %s read again after a dump made while entries changed; corrected",
+                         self.shadow.tag, ", ".join(sorted(changed)))
+            else:
+                self.drifts += 1
+                log.warning("shadow %s: what the netlink events built for %s differs from the kernel's; "
+                            "corrected from a dump", self.shadow.tag, ", ".join(sorted(changed)))
         return changed
 
     def _verify(self, flaps: Set[Tuple[str, Optional[int]]]) -> None:
         """Each namespace's events read to now, then dumped and compared with what they built.
-        The next check is due VERIFY_S after this one ended."""
+        The next check is due VERIFY_S after this one ended, or RECHECK_S while a namespace's
+        last dump was made as its entries changed."""
         for ns in list(self._socks):
             self._read(ns, flaps)
             if ns in self._socks and ns not in self._rescan:
                 self.debouncer.add(self._dump(ns, verify=flaps))
-        self._next_verify = time.monotonic() + VERIFY_S
+        self._next_verify = time.monotonic() + (RECHECK_S if self._unsettled & set(self._socks) else VERIFY_S)
 
     # -- the loop
 
@@ -298,6 +343,11 @@ class Watcher:
         except OSError as e:
             if e.errno != errno.ENOBUFS:
                 log.warning("shadow %s: reading events of %s: %s", self.shadow.tag, ns, e.strerror or e)
+            else:
+                # What waits is older than the dump to come; and until the queue has been
+                # empty once, the kernel drops what overflows it again without saying so.
+                self.overruns += 1
+                sock.drain()
             self._rescan.add(ns)                 # some were lost: dumped again
             self.debouncer.add(names)
             return
