@@ -197,8 +197,9 @@ class DpuHost:
 
 
 def quiet(host: DpuHost) -> None:
-    """Until dpu has committed no transaction for a second: what the fabric sent has arrived."""
-    wait_stable(lambda: host.evpn()["transactions"], 1.0, 60, "dpu's EVPN transactions")
+    """Until dpu has committed no transaction for two seconds: what the fabric sent has arrived,
+    and a check the watch makes a second after a dump taken while entries changed is over."""
+    wait_stable(lambda: host.evpn()["transactions"], 2.0, 60, "dpu's EVPN transactions")
 
 
 @pytest.fixture(scope="module")

@@ -624,10 +624,10 @@ def test_the_watch_heals_an_overrun_without_its_check(fabric, monkeypatch):
     """20,000 MACs installed in the dpu host's red namespace as zebra installs them, then
     removed, each in one `bridge -batch`, into a watch whose socket is made small and whose dumps
     take as long as a big fabric's: it overruns (ENOBUFS), and what it builds equals a fresh
-    read() again soon after each, with the once-a-minute check against a dump held off. The
-    socket is emptied at once after an overrun: until its queue has been empty, the kernel
-    drops what overflows it again without a word, and the events lost while the namespace was
-    dumped were lost for good (before: 2 runs of 3 timed out on the deletion)."""
+    read() again soon after each, with the once-a-minute check against a dump held off. It
+    takes the socket emptied at once after an overrun (until its queue has been empty, the
+    kernel drops what overflows it again without a word) and dumps trusted once two agree, with
+    a recheck after one that did not (before both: 2 runs of 3 timed out on the deletion)."""
     fab = fabric
     dpu_ns = fab.shadow.namespaces()["red"]
     monkeypatch.setattr(watch_mod, "RCVBUF", 16 << 10)
@@ -666,7 +666,8 @@ def test_the_watch_heals_an_overrun_without_its_check(fabric, monkeypatch):
 def test_a_settled_dump_lacks_no_entry_a_racing_fdb_dump_skips():
     """The kernel's FDB dump resumes each part by counting entries: while 20,000 entries are
     deleted under it, it may leave out entries that stay. A dump that settled_dump() says two
-    dumps agreed on has every one of them; a plain dump at the same moments did lack some."""
+    dumps agreed on has every one of them (eight rounds); plain dumps at the same moments lacked
+    some (else there is nothing to compare, and the test says so)."""
     import threading
     ns = f"dpu-fdbrace-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
@@ -677,10 +678,14 @@ def test_a_settled_dump_lacks_no_entry_a_racing_fdb_dump_skips():
         stay = {f"02:aa:00:00:00:{i:02x}" for i in range(20)}
         churn = [f"02:bb:00:{i >> 8 & 0xff:02x}:{i & 0xff:02x}:00" for i in range(20000)]
 
+        errors = []
+
         def batch(op, macs):
             tail = "dst 10.9.0.2 self" + (" extern_learn" if op == "add" else "")
-            subprocess.run(["bridge", "-n", ns, "-batch", "-"], text=True, check=True,
-                           input="".join(f"fdb {op} {m} dev vx100 {tail}\n" for m in macs))
+            r = subprocess.run(["bridge", "-n", ns, "-batch", "-"], text=True, capture_output=True,
+                               input="".join(f"fdb {op} {m} dev vx100 {tail}\n" for m in macs))
+            if r.returncode:
+                errors.append(f"fdb {op}: {r.stderr[-300:]}")
 
         def macs(scan):
             return {m.get_attr("NDA_LLADDR") for m in scan.fdb}
@@ -696,12 +701,11 @@ def test_a_settled_dump_lacks_no_entry_a_racing_fdb_dump_skips():
                 settled += agreed
                 lacking += agreed and not stay <= macs(scan)
             deleting.join()
-            if plain and settled:
-                break
+            assert not errors, errors
         print(f"\nplain FDB dumps racing deletions that lacked a staying entry: {plain}; "
               f"settled dumps: {settled}, lacking one: {lacking}")
         assert lacking == 0
-        if not (plain and settled):
+        if not plain or settled < 8:
             pytest.skip(f"nothing to compare: {plain} plain dumps lacked an entry, {settled} settled")
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)

@@ -138,8 +138,10 @@ class Watcher:
         self._links: Dict[Tuple[Optional[str], int], str] = {}    # VXLAN devices: "up", "down", "new"
         self._folds: Dict[Optional[str], Dict[str, Any]] = {}    # namespace -> tenant -> Fold
         self._rescan: Set[Optional[str]] = set()                  # namespaces to dump before the next callback
-        self._next_verify = time.monotonic() + VERIFY_S
-        self._unsettled: Set[Optional[str]] = set()   # namespaces last dumped while they kept changing
+        self._next_verify = time.monotonic() + VERIFY_S   # the once-a-minute check of every namespace
+        self._recheck: Set[Optional[str]] = set()      # namespaces last dumped while they kept changing,
+        self._recheck_at = math.inf                    # checked again then
+        self._suspect: Set[Optional[str]] = set()      # ... whose state came from such a dump
         self.drifts = 0                        # verifications that found the events' state wrong
         self.overruns = 0                      # sockets that overran (ENOBUFS): namespaces dumped again
         self._r, self._w = os.pipe()
@@ -210,7 +212,8 @@ class Watcher:
             if ns not in want:
                 self._socks.pop(ns)[0].close()
                 self._folds.pop(ns, None)
-                self._unsettled.discard(ns)
+                self._recheck.discard(ns)
+                self._suspect.discard(ns)
                 self._links = {k: v for k, v in self._links.items() if k[0] != ns}
         for ns, names in want.items():
             if ns in self._socks:
@@ -245,24 +248,28 @@ class Watcher:
         except OSError as e:
             log.warning("shadow %s: cannot read %s: %s", self.shadow.tag, ns, e.strerror or e)
             self._folds.pop(ns, None)   # learned() says so (the callback read()s); its next event retries
+            self._recheck.discard(ns)
+            self._suspect.discard(ns)
             return set(places)
         had = ns in self._folds
         old = self._folds.get(ns, {})
         new = {n: Fold(scan, p, self.shadow.tag).fill(scan) for n, p in places.items()}
-        if not settled:                     # it may lack entries: checked again soon
-            self._next_verify = min(self._next_verify, time.monotonic() + RECHECK_S)
+        if settled:
+            self._recheck.discard(ns)
+        else:                               # it may lack entries: checked again soon
+            self._recheck.add(ns)
+            self._recheck_at = min(self._recheck_at, time.monotonic() + RECHECK_S)
         if verify is not None and had:
             self._read(ns, verify, also=new)
             if ns in self._rescan:          # it overran: what the events built is not comparable
                 verify = None
             elif not settled:               # nor with a dump that may lack entries: kept as built
-                self._unsettled.add(ns)
                 return set()
-        suspect = ns in self._unsettled     # what it replaces came from such a dump
+        suspect = ns in self._suspect       # what it replaces came from such a dump
         if settled:
-            self._unsettled.discard(ns)
+            self._suspect.discard(ns)
         else:
-            self._unsettled.add(ns)
+            self._suspect.add(ns)
         self._folds[ns] = new
         changed = {n for n, f in new.items() if n not in old or old[n].learned() != f.learned()}
         changed |= set(old) - set(new)
@@ -276,15 +283,21 @@ class Watcher:
                             "corrected from a dump", self.shadow.tag, ", ".join(sorted(changed)))
         return changed
 
-    def _verify(self, flaps: Set[Tuple[str, Optional[int]]]) -> None:
-        """Each namespace's events read to now, then dumped and compared with what they built.
-        The next check is due VERIFY_S after this one ended, or RECHECK_S while a namespace's
-        last dump was made as its entries changed."""
+    def _verify(self, flaps: Set[Tuple[str, Optional[int]]], only: Optional[Set[Optional[str]]] = None) -> None:
+        """Each namespace's events read to now (`only`: those namespaces'), then dumped and
+        compared with what they built. The next check of all is due VERIFY_S after this one
+        ended; of one whose dump was made while its entries kept changing, RECHECK_S after."""
+        self._recheck_at = math.inf         # (_dump sets it again for a dump that does not settle)
         for ns in list(self._socks):
+            if only is not None and ns not in only:
+                continue
             self._read(ns, flaps)
             if ns in self._socks and ns not in self._rescan:
                 self.debouncer.add(self._dump(ns, verify=flaps))
-        self._next_verify = time.monotonic() + (RECHECK_S if self._unsettled & set(self._socks) else VERIFY_S)
+        if only is None:
+            self._next_verify = time.monotonic() + VERIFY_S
+        if self._recheck & set(self._socks):
+            self._recheck_at = min(self._recheck_at, time.monotonic() + RECHECK_S)
 
     # -- the loop
 
@@ -296,7 +309,7 @@ class Watcher:
             socks = {sock.fileno(): ns for ns, (sock, _) in self._socks.items()}
             try:
                 due = self.debouncer.due_in()
-                to_verify = max(0.0, self._next_verify - time.monotonic())
+                to_verify = max(0.0, min(self._next_verify, self._recheck_at) - time.monotonic())
                 ready, _, _ = select.select(list(socks) + [self._r], [], [],
                                            to_verify if due is None else min(due, to_verify))
             except OSError as e:                  # a socket closed under us by stop(): go round
@@ -315,6 +328,8 @@ class Watcher:
                     self._read(socks[fd], flaps)
             if time.monotonic() >= self._next_verify:
                 self._verify(flaps)
+            elif time.monotonic() >= self._recheck_at:
+                self._verify(flaps, only=set(self._recheck))
             for tenant, vni in sorted(flaps, key=str):
                 self._resignal(tenant, vni)
             if self.debouncer.due_in() == 0.0:
@@ -347,7 +362,10 @@ class Watcher:
                 # What waits is older than the dump to come; and until the queue has been
                 # empty once, the kernel drops what overflows it again without saying so.
                 self.overruns += 1
-                sock.drain()
+                try:
+                    sock.drain()
+                except OSError as e2:
+                    log.warning("shadow %s: emptying the socket of %s: %s", self.shadow.tag, ns, e2.strerror or e2)
             self._rescan.add(ns)                 # some were lost: dumped again
             self.debouncer.add(names)
             return
