@@ -367,16 +367,16 @@ def _feed_fifo(path: str, data: bytes, p: subprocess.Popen, timeout: float = 30)
     may also reach the child after its directory exists and before its replay opens the
     FIFO: its handler then runs at once and the child ends without ever opening it, and a
     blocking open for writing would wait for a reader for ever."""
-    def reader_or_gone():
+    def reader_or_gone():  # [fd], or [-1] once the child has ended (a list: fd 0 is false)
         if p.poll() is not None:
-            return -1
+            return [-1]
         try:
-            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            return [os.open(path, os.O_WRONLY | os.O_NONBLOCK)]
         except OSError as e:
             if e.errno != errno.ENXIO:  # ENXIO: no reader yet
                 raise
             return None
-    fd = wait_for(reader_or_gone, timeout, "the child opening its FIFO, or ending")
+    [fd] = wait_for(reader_or_gone, timeout, "the child opening its FIFO, or ending")
     if fd < 0:
         return
     try:
