@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
+import logging
 import os
 import re
 import shutil
@@ -61,7 +62,9 @@ from .. import cleanup
 from ..errors import FabricError, InvalidArgumentError
 from . import netlink as nl
 from .fold import ALIAS, Learned, Place, Scan, dump_ns, learned_of, members
-from .watch import Watcher
+from .watch import READ_DUMPS, Watcher, settled_dump
+
+log = logging.getLogger("dpu.fabric")
 
 KERNEL_VRF_TABLE_BASE = 1 << 24       # kernel mode: tenant table = base + L3 VNI (never 253..255)
 MODES = ("netns", "kernel", "auto")
@@ -650,18 +653,26 @@ class Shadow:
     # -- reading
 
     def read(self, tenants: Optional[Iterable[str]] = None) -> Dict[str, Learned]:
-        """What FRR installed, per tenant (all, or those named): one netlink dump of links,
-        FDB, neighbours and routes per namespace. Safe from any thread."""
+        """What FRR installed, per tenant (all, or those named): a netlink dump of links, FDB,
+        neighbours and routes per namespace, repeated until two agree (settled_dump: an FDB dump
+        racing deletions skips entries that stay, which a caller would take for withdrawn). In a
+        namespace that keeps changing through READ_DUMPS dumps, every entry one of them listed
+        (the newest version of each): one withdrawn meanwhile may be kept until the next read or
+        watch event, none that stayed is left out. Safe from any thread."""
         places = self._tenant_places(tenants)
         scans: Dict[Optional[str], Scan] = {}
         out = {}
         for name, (place, _) in places.items():
             if place.ns not in scans:
                 try:
-                    scans[place.ns] = dump_ns(place.ns, routes=True)
+                    scans[place.ns], agreed = settled_dump(place.ns, READ_DUMPS, merge=True)
                 except OSError as e:
                     raise FabricError(f"shadow {self.tag}: reading tenant {name!r} in {place.ns}: "
                                       f"{e.strerror or e}") from None
+                if not agreed:
+                    log.info("shadow %s: %s kept changing while it was read (%d dumps differed): "
+                             "what any of them listed stands", self.tag, place.ns or "this namespace",
+                             READ_DUMPS)
             out[name] = learned_of(scans[place.ns], place, self.tag)
         return out
 

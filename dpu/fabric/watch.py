@@ -44,6 +44,7 @@ import logging
 import math
 import os
 import select
+import socket
 import threading
 import time
 from typing import Any, Callable, Dict, Optional, Set, Tuple
@@ -57,6 +58,7 @@ GROUPS = nl.RTMGRP_LINK | nl.RTMGRP_NEIGH | nl.RTMGRP_IPV4_ROUTE
 RCVBUF = 4 << 20
 VERIFY_S = 60.0     # how often the incremental state is checked against a dump
 SETTLE_DUMPS = 3    # dumps made at most, until two agree (settled_dump)
+READ_DUMPS = 5      # Shadow.read()'s: it has no recheck to come back with
 RECHECK_S = 1.0     # after a dump made while the namespace kept changing, the check comes this soon
 
 
@@ -66,19 +68,46 @@ def _entries(scan) -> Set[Tuple]:
             for m in scan.fdb + scan.neigh}
 
 
-def settled_dump(ns: Optional[str]) -> Tuple[Scan, bool]:
+def _entry_id(m) -> Tuple:
+    """What an FDB entry or neighbour is (not what it says): a VXLAN FDB entry is its device,
+    MAC and remote (the all-zero MAC has one per flood VTEP), a neighbour its device and address."""
+    if m["family"] == socket.AF_BRIDGE:
+        return (m["family"], m["ifindex"], m.get_attr("NDA_LLADDR"), m.get_attr("NDA_DST"))
+    return (m["family"], m["ifindex"], m.get_attr("NDA_DST"))
+
+
+def _union(dumps) -> Scan:
+    """The newest dump, with each FDB entry and neighbour that only older ones listed put before
+    its own (a fold takes the last version of a key: the newest)."""
+    last = dumps[-1]
+    have = {_entry_id(m) for m in last.fdb + last.neigh}
+    fdb, neigh = [], []
+    for scan in reversed(dumps[:-1]):
+        for m in scan.fdb + scan.neigh:
+            i = _entry_id(m)
+            if i not in have:
+                have.add(i)
+                (fdb if m["family"] == socket.AF_BRIDGE else neigh).insert(0, m)
+    return Scan(last.links, last.addrs, fdb + last.fdb, neigh + last.neigh, last.routes)
+
+
+def settled_dump(ns: Optional[str], attempts: int = SETTLE_DUMPS, merge: bool = False) -> Tuple[Scan, bool]:
     """dump_ns() of a namespace, its routes included, repeated until two dumps in a row list the
     same FDB entries and neighbours; and whether two did. The kernel's FDB dump is no snapshot: it
     resumes each part by counting entries, so one deleted while it runs makes it skip another
     that stays, and it does not flag that (NLM_F_DUMP_INTR, which Rtnl.dump() retries on).
-    After SETTLE_DUMPS dumps that all differ (the namespace kept changing), the last one."""
+    After `attempts` dumps that all differ (the namespace kept changing), the last one; with
+    `merge`, the last one and every FDB entry and neighbour only earlier ones listed: an entry
+    removed meanwhile may be in it, but one that stayed is missing only if every dump skipped it."""
     scan = dump_ns(ns, routes=True)
-    for _ in range(SETTLE_DUMPS - 1):
+    dumps = [scan]
+    for _ in range(attempts - 1):
         again = dump_ns(ns, routes=True)
         if _entries(again) == _entries(scan):
             return again, True
         scan = again
-    return scan, False
+        dumps.append(scan)
+    return (_union(dumps) if merge else scan), False
 
 
 class Debouncer:
