@@ -662,6 +662,35 @@ def test_the_watch_heals_an_overrun_without_its_check(fabric, monkeypatch):
         subprocess.run(["bridge", "-n", dpu_ns, "-batch", "-"], input=batch("del"), text=True, capture_output=True)
 
 
+def test_a_dump_that_never_settled_keeps_what_any_dump_listed_newest_last():
+    """settled_dump(merge=True)'s union of dumps that never agreed, folded as read() folds it:
+    an entry only older dumps listed is kept (the FDB dump skips entries, so absent is not
+    gone), and where the dumps disagree on a MAC's remote or a neighbour's MAC the newest wins."""
+    from dpu.fabric import netlink as nl
+    from dpu.fabric.fold import Link, Place, Scan, learned_of
+    from dpu.fabric.netlink import _Msg
+
+    def fdb(mac, vtep):
+        return _Msg(nl.RTM_NEWNEIGH, 0, 0, {"family": socket.AF_BRIDGE, "ifindex": 5, "state": nl.NUD_NOARP,
+                                            "flags": nl.NTF_SELF | nl.NTF_EXT_LEARNED},
+                    {"NDA_LLADDR": mac, "NDA_DST": vtep})
+
+    def neigh(ip, mac):
+        return _Msg(nl.RTM_NEWNEIGH, 0, 0, {"family": socket.AF_INET, "ifindex": 4, "state": nl.NUD_NOARP,
+                                            "flags": nl.NTF_EXT_LEARNED}, {"NDA_DST": ip, "NDA_LLADDR": mac})
+    links = {4: Link(4, "br100", "bridge", 0, "", "02:00:00:00:00:04", 0),
+             5: Link(5, "vx100", "vxlan", 4, "", "02:00:00:00:00:05", 0, vni=100)}
+    dumps = [Scan(links, {}, [fdb("02:00:00:00:00:01", "10.9.0.1"), fdb("02:00:00:00:00:02", "10.9.0.1")],
+                  [neigh("10.0.0.7", "02:00:00:00:00:01")], []),
+             Scan(links, {}, [fdb("02:00:00:00:00:01", "10.9.0.2"), fdb("02:00:00:00:00:03", "10.9.0.1")],
+                  [neigh("10.0.0.7", "02:00:00:00:00:03")], []),
+             Scan(links, {}, [fdb("02:00:00:00:00:03", "10.9.0.1")], [], [])]
+    got = learned_of(watch_mod._union(dumps), Place(None, None, 254), "t")
+    assert got.macs == {(100, "02:00:00:00:00:01"): "10.9.0.2", (100, "02:00:00:00:00:02"): "10.9.0.1",
+                        (100, "02:00:00:00:00:03"): "10.9.0.1"}
+    assert got.neighs == {(100, "10.0.0.7"): "02:00:00:00:00:03"}
+    assert learned_of(dumps[-1], Place(None, None, 254), "t").macs == {(100, "02:00:00:00:00:03"): "10.9.0.1"}
+
 class _FdbChurn:
     """20 remote MACs that stay and 20,000 that come and go on vx100 of namespace ns (all
     `extern_learn`, as zebra's, to VTEP dst), by `bridge -batch`; failures in .errors."""

@@ -77,17 +77,19 @@ def _entry_id(m) -> Tuple:
 
 
 def _union(dumps) -> Scan:
-    """The newest dump, with each FDB entry and neighbour that only older ones listed put before
-    its own (a fold takes the last version of a key: the newest)."""
+    """The newest dump, with each FDB entry and neighbour that only older ones listed (as the
+    newest of those had it) put before its own, oldest first: a fold takes the last version of a
+    key, so the newest one wins."""
     last = dumps[-1]
     have = {_entry_id(m) for m in last.fdb + last.neigh}
-    fdb, neigh = [], []
-    for scan in reversed(dumps[:-1]):
+    older: Dict[Tuple, Any] = {}
+    for scan in dumps[:-1]:
         for m in scan.fdb + scan.neigh:
             i = _entry_id(m)
             if i not in have:
-                have.add(i)
-                (fdb if m["family"] == socket.AF_BRIDGE else neigh).insert(0, m)
+                older[i] = m
+    fdb = [m for m in older.values() if m["family"] == socket.AF_BRIDGE]
+    neigh = [m for m in older.values() if m["family"] != socket.AF_BRIDGE]
     return Scan(last.links, last.addrs, fdb + last.fdb, neigh + last.neigh, last.routes)
 
 
