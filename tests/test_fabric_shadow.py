@@ -690,6 +690,22 @@ def test_a_dump_that_never_settled_keeps_what_any_dump_listed_newest_last():
                         (100, "02:00:00:00:00:03"): "10.9.0.1"}
     assert got.neighs == {(100, "10.0.0.7"): "02:00:00:00:00:03"}
     assert learned_of(dumps[-1], Place(None, None, 254), "t").macs == {(100, "02:00:00:00:00:03"): "10.9.0.1"}
+    # A MAC at A, then B, then A again, then skipped: A, its newest listing. Flood entries (the
+    # all-zero MAC, one per VTEP) from different dumps are all kept. A neighbour rewritten FAILED
+    # without a MAC (zebra deleting it) in a later dump is gone.
+    mac, zero = "02:00:00:00:00:09", "00:00:00:00:00:00"
+    failed = neigh("10.0.0.8", None)
+    failed.fields["state"] = nl.NUD_FAILED
+    dumps = [Scan(links, {}, [fdb(mac, "10.9.0.1"), fdb(zero, "10.9.0.1")], [neigh("10.0.0.8", mac)], []),
+             Scan(links, {}, [fdb(mac, "10.9.0.2"), fdb(zero, "10.9.0.2")], [failed], []),
+             Scan(links, {}, [fdb(mac, "10.9.0.1")], [], []),
+             Scan(links, {}, [], [], [])]
+    got = learned_of(watch_mod._union(dumps), Place(None, None, 254), "t")
+    assert got.macs == {(100, mac): "10.9.0.1"}
+    assert got.flood == {100: {"10.9.0.1", "10.9.0.2"}}
+    assert got.neighs == {}
+    with pytest.raises(InvalidArgumentError, match="1 dumps cannot agree"):
+        watch_mod.settled_dump(None, attempts=1)
 
 class _FdbChurn:
     """20 remote MACs that stay and 20,000 that come and go on vx100 of namespace ns (all

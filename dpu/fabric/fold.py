@@ -1,6 +1,6 @@
 """What FRR installed for a tenant, read from the kernel: netlink messages folded into `Learned`.
 
-`Shadow.read()` folds a fresh dump of a tenant's namespace (`dump_ns`) into a new `Fold`; the
+`Shadow.read()` folds fresh dumps of a tenant's namespace (`watch.settled_dump`) into a new `Fold`; the
 watch (dpu.fabric.watch) keeps one per tenant and folds each event into it. Both go through
 `Fold`, the one place that says what an entry FRR installed means (tests/EVPN_LAB.md, "What FRR
 installs"). Each kernel object is keyed as the kernel keys it: a VXLAN FDB entry by MAC (and,

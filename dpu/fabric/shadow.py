@@ -658,7 +658,8 @@ class Shadow:
         racing deletions skips entries that stay, which a caller would take for withdrawn). In a
         namespace that keeps changing through READ_DUMPS dumps, every entry one of them listed
         (the newest version of each): one withdrawn meanwhile may be kept until the next read or
-        watch event, none that stayed is left out. Safe from any thread."""
+        watch event, and one that stayed is missing only if every dump skipped it. Safe from any
+        thread."""
         places = self._tenant_places(tenants)
         scans: Dict[Optional[str], Scan] = {}
         out = {}

@@ -7,8 +7,8 @@ namespace when its socket opens (after, so no event is missed), then every neigh
 route event folded into it (`fold.Fold`, the same code read() folds a dump with). An event
 that changes a tenant's entries marks the tenant; one that changes no entry (the shadow's own
 static entries, a refresh of an unchanged one) marks nothing. So a change costs what it
-changes: with 10,000 MACs learned, a full read() takes a quarter of a second, an event
-microseconds. `Watcher.learned()` (`Shadow.watched()`) hands the callback copies of it.
+changes: with 10,000 MACs learned, a dump takes a quarter of a second (read() makes two at
+least), an event microseconds. `Watcher.learned()` (`Shadow.watched()`) hands the callback copies of it.
 
 Bridges and VXLAN devices coming, going, going down or up (which can take entries with them
 without an event per entry) make the namespace be dumped again before the next callback, as
@@ -78,8 +78,9 @@ def _entry_id(m) -> Tuple:
 
 def _union(dumps) -> Scan:
     """The newest dump, with each FDB entry and neighbour that only older ones listed (as the
-    newest of those had it) put before its own, oldest first: a fold takes the last version of a
-    key, so the newest one wins."""
+    newest of those had it) put before its own, in the order they were last listed: a fold takes
+    the last version of a key (several entries can feed one: a MAC at two remotes), so the newest
+    listing wins."""
     last = dumps[-1]
     have = {_entry_id(m) for m in last.fdb + last.neigh}
     older: Dict[Tuple, Any] = {}
@@ -87,6 +88,7 @@ def _union(dumps) -> Scan:
         for m in scan.fdb + scan.neigh:
             i = _entry_id(m)
             if i not in have:
+                older.pop(i, None)   # to the end: listed again, it is newer than what was listed since
                 older[i] = m
     fdb = [m for m in older.values() if m["family"] == socket.AF_BRIDGE]
     neigh = [m for m in older.values() if m["family"] != socket.AF_BRIDGE]
@@ -101,6 +103,8 @@ def settled_dump(ns: Optional[str], attempts: int = SETTLE_DUMPS, merge: bool = 
     After `attempts` dumps that all differ (the namespace kept changing), the last one; with
     `merge`, the last one and every FDB entry and neighbour only earlier ones listed: an entry
     removed meanwhile may be in it, but one that stayed is missing only if every dump skipped it."""
+    if attempts < 2:
+        raise InvalidArgumentError(f"settled_dump: {attempts} dumps cannot agree (at least 2)")
     scan = dump_ns(ns, routes=True)
     dumps = [scan]
     for _ in range(attempts - 1):
