@@ -1,9 +1,9 @@
 """What FRR installed for a tenant, read from the kernel: netlink messages folded into `Learned`.
 
-`Shadow.read()` folds fresh dumps of a tenant's namespace (`watch.settled_dump`) into a new `Fold`; the
-watch (dpu.fabric.watch) keeps one per tenant and folds each event into it. Both go through
-`Fold`, the one place that says what an entry FRR installed means (tests/EVPN_LAB.md, "What FRR
-installs"). Each kernel object is keyed as the kernel keys it: a VXLAN FDB entry by MAC (and,
+`Shadow.read()` folds fresh dumps of a tenant's namespace (`watch.settled_dump`) into a new
+`Fold`; the watch (dpu.fabric.watch) keeps one per tenant and folds each event into it. Both go
+through `Fold`, the one place that says what an entry FRR installed means (tests/EVPN_LAB.md,
+"What FRR installs"). Each kernel object is keyed as the kernel keys it: a VXLAN FDB entry by MAC (and,
 for the flood list's all-zero MAC, by remote), a neighbour by device and address, a route by
 table, prefix and metric. So an event sets or clears exactly what it names, an object that
 replaces one of zebra's (a static FDB entry, a kernel route over the same key) clears it, and

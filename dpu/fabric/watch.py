@@ -8,7 +8,8 @@ route event folded into it (`fold.Fold`, the same code read() folds a dump with)
 that changes a tenant's entries marks the tenant; one that changes no entry (the shadow's own
 static entries, a refresh of an unchanged one) marks nothing. So a change costs what it
 changes: with 10,000 MACs learned, a dump takes a quarter of a second (read() makes two at
-least), an event microseconds. `Watcher.learned()` (`Shadow.watched()`) hands the callback copies of it.
+least), an event microseconds. `Watcher.learned()` (`Shadow.watched()`) hands the callback
+copies of it.
 
 Bridges and VXLAN devices coming, going, going down or up (which can take entries with them
 without an event per entry) make the namespace be dumped again before the next callback, as
@@ -16,9 +17,9 @@ does a socket that overran (ENOBUFS: events were lost; what waits on it is throw
 for the kernel reports the next overrun only after its queue has been empty). A dump is made
 until two in a row agree (settled_dump: an FDB dump racing deletions skips entries and does not
 say so); one made while the entries kept changing is checked again a second later, and a check
-is not compared with such a dump. And once a minute every namespace is
-dumped and compared with what the events built: a difference (a bug, or an event the kernel
-never sent) is logged as a warning, corrected, and reported to the callback.
+is not compared with such a dump. And once a minute every namespace is dumped and compared with
+what the events built: a difference (a bug, or an event the kernel never sent) is logged as a
+warning, corrected, and reported to the callback.
 
 Marks are coalesced by a `Debouncer` (time injectable, so tests can drive it): the callback
 gets the set of marked tenants once `quiet` seconds passed without another event, or
