@@ -106,6 +106,12 @@ struct CtZoneCfg {
 // What the conntrack stage did to one packet. The tuples are written only
 // when they are meant to be read (orig with have_tuple; before and after in
 // a trace's dry run), so a result costs no 120-byte clear per packet.
+// Constructed uninitialised: every Conntrack::execute*() that takes it
+// writes every field but the dry run's tuples (with reset(), or, for a
+// packet of a live connection, along the way: decide_plain()). The stage is
+// bound by its stores, about one a cycle (docs/performance.md): member
+// initialisers cost five more per packet, which the compiler cannot drop
+// once the result's address is passed on.
 struct CtResult {
   CtResult() {}
   void reset() {
@@ -117,17 +123,17 @@ struct CtResult {
     have_tuple = created = false;
     nat_applied = 0;
   }
-  uint8_t state = 0;            // kCs* bits
-  uint8_t dir = 0;              // the packet's direction in conn (0 original, 1 reply)
-  uint16_t drop = DROP_NONE;    // the packet must be dropped, and why
-  uint32_t mark = 0;
-  uint32_t life = 0;            // conn's life count, read before its mark and label (conn.h)
-  u128 label = 0;
-  Conn* conn = nullptr;         // the connection the packet belongs to, if any
-  bool have_tuple = false;      // orig is the original-direction tuple
+  uint8_t state;                // kCs* bits
+  uint8_t dir;                  // the packet's direction in conn (0 original, 1 reply)
+  uint16_t drop;                // the packet must be dropped, and why
+  uint32_t mark;
+  uint32_t life;                // conn's life count, read before its mark and label (conn.h)
+  u128 label;
+  Conn* conn;                   // the connection the packet belongs to, if any
+  bool have_tuple;              // orig is the original-direction tuple
   // for trace
-  bool created = false;         // committed now
-  uint8_t nat_applied = 0;      // kNatSrc / kNatDst on this packet
+  bool created;                 // committed now
+  uint8_t nat_applied;          // kNatSrc / kNatDst on this packet
   CtKey orig;
   CtKey before, after;          // the packet's tuple before and after NAT (dry run)
 };
@@ -444,7 +450,8 @@ class Conntrack {
   // decide_existing() for a live connection's packet (inline, specialised
   // by decide_plain() for execute() and execute_known()), decide_new() for
   // one that would open a connection, finish() for the NAT and result of
-  // either kind of match.
+  // either kind of match. decide() and decide_new() take a reset result;
+  // decide_plain() resets it as far as its path needs.
   void decide(CtWorker& w, Packet* p, const CtSpec& spec, CtPacket& cp, bool natted, uint8_t prev_nat, Conn* c,
               int dir, int64_t now, bool dry_run, CtResult* r);
   bool decide_existing(CtWorker& w, const CtSpec& spec, CtPacket& cp, bool natted, uint8_t prev_nat, Conn* c, int dir,

@@ -29,10 +29,7 @@ void icmp_init(Conn* c, const CtPacket&) {
   c->tmo = TM_ICMP;
 }
 
-CtUpdate other_update(Conn* c, const CtPacket&, bool reply) {
-  if (reply && c->other_state() == 0) c->set_other_state(1);
-  return c->other_state() ? CtUpdate::VALID : CtUpdate::VALID_NEW;
-}
+CtUpdate other_update(Conn* c, const CtPacket&, bool reply) { return ct_other_update(c, reply); }
 
 const char* no_state(const Conn*) { return nullptr; }
 

@@ -54,6 +54,15 @@ const CtProto& ct_proto(uint8_t ip_proto);  // TCP, UDP, ICMP/ICMPv6 (ct_packet 
 
 extern const CtProto kCtTcp, kCtUdp, kCtIcmp;
 
+// kCtUdp.update and kCtIcmp.update (every protocol but TCP), inline for the
+// stage: a call there costs the caller's live registers as stores, and the
+// stage runs at about one store a cycle (docs/performance.md). A reply makes
+// the connection established (state 1); until then a packet is VALID_NEW.
+inline CtUpdate ct_other_update(Conn* c, bool reply) {
+  if (reply && c->other_state() == 0) c->set_other_state(1);
+  return c->other_state() ? CtUpdate::VALID : CtUpdate::VALID_NEW;
+}
+
 // TCP window tracking's constants (ct_tcp.cc): a side's wscale byte holds
 // its shift and whether it was agreed; an acknowledgement may lag or lead by
 // up to a window plus this fudge.
