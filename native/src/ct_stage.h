@@ -361,14 +361,17 @@ void CtStage::run(StageEnv& env, ClassifyStage& cls, Conntrack& ct, int64_t mono
     }
     if (__builtin_expect(j + kReplyAhead < n && kind_[j + kReplyAhead] == kSnatNew, 0))
       ct.prefetch_snat_reply(prep_[j + kReplyAhead], *jobs_[j + kReplyAhead].spec);
-    const CtJob job = jobs_[j];
+    // The job's fields are read where they are used, not copied whole: a
+    // copy is three more stores a packet, and the stage runs at about one
+    // store a cycle. None is read after an exec() has run (it may queue jobs
+    // and so move the list): every path leaves the job once it runs one.
+    const CtJob& job = jobs_[j];
     const int64_t now = std::max(clock, Conntrack::stamp(job.p->md.timestamp_ns));
     CtResult r;
     const CtResume* known = nullptr;
-    uint16_t known_tag = 0;
     if (j < n && kind_[j] == kKnown) {
       const CtResume& e = emc.side<CtResume>(job.slot - 1);
-      known_tag = emc.side_tag(job.slot - 1, job.stamp);
+      const uint16_t known_tag = emc.side_tag(job.slot - 1, job.stamp);
       if (known_tag &&
           ct.execute_known(*ctw_, job.p, *job.spec, e.conn, CtResume::dir_of(known_tag), e.life, e.other, now, &r))
         known = &e;
@@ -397,8 +400,10 @@ void CtStage::run(StageEnv& env, ClassifyStage& cls, Conntrack& ct, int64_t mono
       // The cached next pass. Its megaflow never recirculates
       // (ct_fill_resume), so nothing after it reads the packet's conntrack
       // metadata: the result is not stored in the packet (store_result),
-      // and the packet has no note to fill. Counted below.
-      if (known->same(r, known_tag, cold.label) && !known->mf->dead) {
+      // and the packet has no note to fill. Counted below. (The side tag
+      // is read again, not kept across the decision: kept, it is spilled,
+      // a store more a packet.)
+      if (known->same(r, emc.side_tag(job.slot - 1, job.stamp), cold.label) && !known->mf->dead) {
         resumed++;
         run_megaflow(env, job.p, known->mf, cold.key, exec);
         continue;
