@@ -31,8 +31,8 @@ class TransmitStage {
   // The packet joins port's queue; counts_as_output: it is one of its
   // arrival's outputs (an ICMP error about it is not).
   void emit(StageEnv& env, uint32_t port, Packet* p, bool counts_as_output) {
-    if (port >= tx_.size()) {
-      env.drop(p, DROP_NO_OUTPUT);
+    if (__builtin_expect(port >= tx_.size(), 0)) {
+      drop_no_output(env, p);
       return;
     }
     if (counts_as_output) {
@@ -44,8 +44,14 @@ class TransmitStage {
     }
     p->emit_seq = env.emit_seq++;
     std::vector<Packet*>& q = tx_[port];
-    if (q.empty()) tx_ports_.push_back(port);
-    q.push_back(p);
+    // The common case without a call (the push cannot grow the queue): a
+    // call's possibility alone makes the caller save registers, and the
+    // stages run at about one store a cycle (docs/performance.md).
+    if (__builtin_expect(!q.empty() && q.size() != q.capacity(), 1)) {
+      q.push_back(p);
+      return;
+    }
+    queue_first_or_grow(q, port, p);
   }
   // Every queue to its port's sink, in arrival order when some packet made a
   // second pass (`sort`).
@@ -59,6 +65,12 @@ class TransmitStage {
   const TransmitCounters& counters() const { return counters_; }
 
  private:
+  __attribute__((noinline)) static void drop_no_output(StageEnv& env, Packet* p) { env.drop(p, DROP_NO_OUTPUT); }
+  // emit()'s rare end: the port's first packet of the batch, or a full queue.
+  __attribute__((noinline)) void queue_first_or_grow(std::vector<Packet*>& q, uint32_t port, Packet* p) {
+    if (q.empty()) tx_ports_.push_back(port);
+    q.push_back(p);
+  }
   std::vector<std::vector<Packet*>> tx_;  // by ofport
   std::vector<uint32_t> tx_ports_;        // ports with queued packets
   std::vector<Packet*> scratch_;          // merge_runs() buffers
