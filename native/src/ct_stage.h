@@ -361,10 +361,8 @@ void CtStage::run(StageEnv& env, ClassifyStage& cls, Conntrack& ct, int64_t mono
     }
     if (__builtin_expect(j + kReplyAhead < n && kind_[j + kReplyAhead] == kSnatNew, 0))
       ct.prefetch_snat_reply(prep_[j + kReplyAhead], *jobs_[j + kReplyAhead].spec);
-    // The job's fields are read where they are used, not copied whole: a
-    // copy is three more stores a packet, and the stage runs at about one
-    // store a cycle. None is read after an exec() has run (it may queue jobs
-    // and so move the list): every path leaves the job once it runs one.
+    // Read in place (a copy is three stores, and the stage runs at about a
+    // store a cycle); no path reads it after an exec(), which may move it.
     const CtJob& job = jobs_[j];
     const int64_t now = std::max(clock, Conntrack::stamp(job.p->md.timestamp_ns));
     CtResult r;
@@ -400,9 +398,8 @@ void CtStage::run(StageEnv& env, ClassifyStage& cls, Conntrack& ct, int64_t mono
       // The cached next pass. Its megaflow never recirculates
       // (ct_fill_resume), so nothing after it reads the packet's conntrack
       // metadata: the result is not stored in the packet (store_result),
-      // and the packet has no note to fill. Counted below. (The side tag
-      // is read again, not kept across the decision: kept, it is spilled,
-      // a store more a packet.)
+      // and the packet has no note to fill. Counted below. (The tag is read
+      // again: kept across the decision, it was spilled.)
       if (known->same(r, emc.side_tag(job.slot - 1, job.stamp), cold.label) && !known->mf->dead) {
         resumed++;
         run_megaflow(env, job.p, known->mf, cold.key, exec);
