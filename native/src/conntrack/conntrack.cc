@@ -519,8 +519,8 @@ __attribute__((always_inline)) inline void Conntrack::decide_plain(CtWorker& w, 
   }
   // The result is reset by the path that needs it: a packet of the live
   // connection gets every field from decide_existing() (the state) and
-  // finish() but these three, so it costs no six stores of a reset first
-  // (the stage runs at about one store a cycle).
+  // finish() but these three, so it costs no reset first (six stores; the
+  // stage runs at about one store a cycle).
   r->drop = DROP_NONE;
   r->created = false;
   r->nat_applied = 0;

@@ -106,12 +106,13 @@ struct CtZoneCfg {
 // What the conntrack stage did to one packet. The tuples are written only
 // when they are meant to be read (orig with have_tuple; before and after in
 // a trace's dry run), so a result costs no 120-byte clear per packet.
-// Constructed uninitialised: every Conntrack::execute*() that takes it
-// writes every field but the dry run's tuples (with reset(), or, for a
-// packet of a live connection, along the way: decide_plain()). The stage is
-// bound by its stores, about one a cycle (docs/performance.md): member
-// initialisers cost five more per packet, which the compiler cannot drop
-// once the result's address is passed on.
+// Constructed uninitialised: every Conntrack::execute*() call that decides
+// (execute_known() and execute_carried() may return false first, having
+// written nothing) writes every field read without a condition above (with
+// reset(), or, for a packet of a live connection, along the way:
+// decide_plain()). The stage is bound by its stores, about one a cycle
+// (docs/performance.md): member initialisers cost five more per packet,
+// which the compiler cannot drop once the result's address is passed on.
 struct CtResult {
   CtResult() {}
   void reset() {
