@@ -58,7 +58,7 @@ extern const CtProto kCtTcp, kCtUdp, kCtIcmp;
 // stage: a call there costs the caller's live registers as stores, and the
 // stage runs at about one store a cycle (docs/performance.md). A reply makes
 // the connection established (state 1); until then a packet is VALID_NEW.
-inline CtUpdate ct_other_update(Conn* c, bool reply) {
+__attribute__((always_inline)) inline CtUpdate ct_other_update(Conn* c, bool reply) {
   if (reply && c->other_state() == 0) c->set_other_state(1);
   return c->other_state() ? CtUpdate::VALID : CtUpdate::VALID_NEW;
 }
