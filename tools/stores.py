@@ -9,7 +9,9 @@ default: this one), waits for its warm-up, attaches gdb, steps `--steps` instruc
 entry of `--per` (default `dpu::TransmitStage::emit`, once a packet output) and prints, per
 packet (one `--per` entry to the next), the instructions and the instructions that write memory
 (stores, pushes, read-modify-writes), by function; `--list` adds each store's address, source
-line and text. Needs gdb and objdump (binutils), and root or ptrace permission.
+line and text. Run it with the Python dpu's dependencies are installed in (the venv's: it runs
+the benchmark with the same interpreter). Needs gdb and objdump (binutils), and root or ptrace
+permission.
 """
 from __future__ import annotations
 
