@@ -28,6 +28,7 @@ import time
 RUN = """import sys
 from dpu import bench
 dp, pkts, ports, info = bench.BUILDERS[sys.argv[1]]()
+print("measuring", flush=True)  # set-up done: what follows is the scenario's own traffic
 dp._core.bench(pkts.data.tobytes(), pkts.offsets, pkts.lengths, ports, 4_000_000_000)
 """
 GDB = """import gdb
@@ -82,7 +83,8 @@ def trace(build: str, scenario: str, per: str, steps: int, so: str, insns: dict)
     if entry is None:
         raise SystemExit(f"stores: no function {per} in {so}")
     env = {**os.environ, "PYTHONPATH": build, "PYTHONHASHSEED": "0"}
-    proc = subprocess.Popen([sys.executable, "-c", RUN, scenario], cwd=build, env=env)
+    proc = subprocess.Popen([sys.executable, "-c", RUN, scenario], cwd=build, env=env, stdout=subprocess.PIPE,
+                            text=True)
     try:
         base = wait_loaded(proc, so)
         with tempfile.TemporaryDirectory() as tmp:
@@ -101,17 +103,16 @@ def trace(build: str, scenario: str, per: str, steps: int, so: str, insns: dict)
 
 def wait_loaded(proc: subprocess.Popen, so: str) -> int:
     """The core's load address once the benchmark is past its set-up and warm-up."""
+    if proc.stdout.readline().strip() != "measuring":  # (set-up: up to a minute for snat-1m)
+        proc.wait()
+        raise SystemExit(f"stores: the benchmark exited ({proc.returncode})")
+    time.sleep(3)  # the EMC and conntrack's caches warm on the measured traffic
     name = os.path.basename(so)
-    for _ in range(120):
-        if proc.poll() is not None:
-            raise SystemExit(f"stores: the benchmark exited ({proc.returncode})")
-        with open(f"/proc/{proc.pid}/maps") as f:
-            base = next((int(line.split("-")[0], 16) for line in f if name in line), None)
-        if base is not None:
-            time.sleep(3)  # the EMC and conntrack's caches warm
-            return base
-        time.sleep(0.5)
-    raise SystemExit("stores: the core was not loaded within a minute")
+    with open(f"/proc/{proc.pid}/maps") as f:
+        base = next((int(line.split("-")[0], 16) for line in f if name in line), None)
+    if base is None:
+        raise SystemExit(f"stores: {name} is not what the benchmark loaded (DPU_CORE?)")
+    return base
 
 
 def report(pcs: list, per_entry: int, insns: dict, listing: bool) -> None:
