@@ -78,10 +78,14 @@ def writes_memory(text: str) -> bool:
     return op.startswith("push") or bool(STORE.search(text))
 
 
-def trace(build: str, scenario: str, per: str, steps: int, so: str, insns: dict) -> list:
+def entry_of(per: str, so: str, insns: dict) -> int:
     entry = next((a for a, (fn, _, _) in insns.items() if fn.split("(")[0] == per), None)
     if entry is None:
         raise SystemExit(f"stores: no function {per} in {so}")
+    return entry
+
+
+def trace(build: str, scenario: str, entry: int, steps: int, so: str) -> list:
     env = {**os.environ, "PYTHONPATH": build, "PYTHONHASHSEED": "0"}
     proc = subprocess.Popen([sys.executable, "-c", RUN, scenario], cwd=build, env=env, stdout=subprocess.PIPE,
                             text=True)
@@ -148,9 +152,8 @@ def main() -> int:
     args = ap.parse_args()
     so = core_so(args.build)
     insns = disassemble(so)
-    pcs = trace(args.build, args.scenario, args.per, args.steps, so, insns)
-    entry = next(a for a, (fn, _, _) in insns.items() if fn.split("(")[0] == args.per)
-    report(pcs, entry, insns, args.list)
+    entry = entry_of(args.per, so, insns)
+    report(trace(args.build, args.scenario, entry, args.steps, so), entry, insns, args.list)
     return 0
 
 
